@@ -1,0 +1,821 @@
+/*
+ * nfsh - tiny libnfs (sync API) client used by the nasd test rig.
+ *
+ *   nfsh URL COMMAND ARGS...
+ *
+ * URL is an nfs:// URL of an EXPORT (not of a file), e.g.
+ *   nfs://127.0.0.1/srv/export?nfsport=2049&mountport=2049&version=3
+ * All PATH/DIR arguments are relative to the export root ("/" = root).
+ *
+ * Every command prints JSON on stdout (one object per line).  On failure the
+ * program prints {"ok":false,"op":...,"path":...,"errno":N,"error":"..."} on
+ * stdout, a human-readable line on stderr, and exits 1.  Usage errors exit 2,
+ * pattern/uniqueness check failures exit 3.
+ *
+ * Environment:
+ *   NFSH_TIMEOUT_MS   per-RPC timeout for sync calls (default 60000, -1 = none)
+ *   NFSH_DEBUG        libnfs debug level (default 0)
+ *   NFSH_DIRCACHE     1 to keep libnfs' directory cache (default off: we test
+ *                     the server, not the client cache)
+ *
+ * Built by tests/rig/nfsh.py (cc nfsh.c $(pkg-config --cflags --libs libnfs)).
+ * Written against libnfs 4.0 (Debian 12); uses only long-standing API.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <nfsc/libnfs.h>
+
+static struct nfs_context *nfs;
+static const char *g_url;
+
+/* ------------------------------------------------------------------ util */
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static double wall(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void json_str(FILE *f, const char *s)
+{
+	fputc('"', f);
+	for (; s && *s; s++) {
+		unsigned char c = (unsigned char)*s;
+		switch (c) {
+		case '"': fputs("\\\"", f); break;
+		case '\\': fputs("\\\\", f); break;
+		case '\n': fputs("\\n", f); break;
+		case '\r': fputs("\\r", f); break;
+		case '\t': fputs("\\t", f); break;
+		default:
+			if (c < 0x20 || c == 0x7f)
+				fprintf(f, "\\u%04x", c);
+			else
+				fputc(c, f);
+		}
+	}
+	fputc('"', f);
+}
+
+static const char *errmsg(void)
+{
+	const char *e = nfs ? nfs_get_error(nfs) : NULL;
+	return e ? e : "";
+}
+
+/* Report an error as JSON (stdout) + text (stderr). Does not exit. */
+static void report_err(const char *op, const char *path, int rc)
+{
+	int e = rc < 0 ? -rc : rc;
+	printf("{\"ok\":false,\"op\":");
+	json_str(stdout, op);
+	printf(",\"path\":");
+	json_str(stdout, path ? path : "");
+	printf(",\"errno\":%d,\"strerror\":", e);
+	json_str(stdout, strerror(e));
+	printf(",\"error\":");
+	json_str(stdout, errmsg());
+	printf("}\n");
+	fflush(stdout);
+	fprintf(stderr, "nfsh: %s %s failed: errno=%d (%s): %s\n", op,
+		path ? path : "", e, strerror(e), errmsg());
+}
+
+static void die(const char *op, const char *path, int rc)
+{
+	report_err(op, path, rc);
+	exit(1);
+}
+
+static void usage(void)
+{
+	fprintf(stderr,
+		"usage: nfsh URL COMMAND ARGS...\n"
+		"  stat PATH | lstat PATH          attributes as JSON\n"
+		"  statvfs PATH\n"
+		"  create-loop DIR N               create+close DIR/f00000000..N-1\n"
+		"  stat-loop DIR N                 stat DIR/f00000000..N-1\n"
+		"  remove-loop DIR N               unlink DIR/f00000000..N-1\n"
+		"  readdir DIR [--names]           count entries, check names unique\n"
+		"  mkdir-tree DIR DIRS FILES       DIR/dNNNNN/fNNNNNNNN\n"
+		"  hold-and-read PATH SECONDS      re-read through one open handle\n"
+		"  write-pattern PATH SIZE SEED    deterministic content (SIZE: 4k, 1m...)\n"
+		"  verify-pattern PATH SIZE SEED\n"
+		"  cat PATH                        file content to stdout (raw)\n"
+		"  mkdir PATH | rmdir PATH | unlink PATH | readlink PATH\n"
+		"  rename OLD NEW | link OLD NEW | symlink TARGET PATH\n"
+		"  chmod PATH OCTAL | truncate PATH SIZE\n");
+	exit(2);
+}
+
+static uint64_t parse_size(const char *s)
+{
+	char *end;
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 0);
+	if (errno || end == s) {
+		fprintf(stderr, "nfsh: bad size '%s'\n", s);
+		exit(2);
+	}
+	switch (*end) {
+	case 'k': case 'K': v <<= 10; end++; break;
+	case 'm': case 'M': v <<= 20; end++; break;
+	case 'g': case 'G': v <<= 30; end++; break;
+	case '\0': break;
+	default:
+		fprintf(stderr, "nfsh: bad size '%s'\n", s);
+		exit(2);
+	}
+	if (*end == 'i' || *end == 'b' || *end == 'B')
+		end++;
+	if (*end == 'B')
+		end++;
+	if (*end) {
+		fprintf(stderr, "nfsh: bad size '%s'\n", s);
+		exit(2);
+	}
+	return v;
+}
+
+static long parse_long(const char *s)
+{
+	char *end;
+	long v = strtol(s, &end, 0);
+	if (end == s || *end || v < 0) {
+		fprintf(stderr, "nfsh: bad number '%s'\n", s);
+		exit(2);
+	}
+	return v;
+}
+
+/* libnfs paths are absolute from the export root. */
+static char *abspath(const char *p)
+{
+	char *r;
+	if (p[0] == '/')
+		r = strdup(p);
+	else if (asprintf(&r, "/%s", p) < 0)
+		r = NULL;
+	if (!r) {
+		perror("nfsh");
+		exit(1);
+	}
+	/* strip trailing slashes (but keep "/") */
+	size_t n = strlen(r);
+	while (n > 1 && r[n - 1] == '/')
+		r[--n] = 0;
+	return r;
+}
+
+static char *join(const char *dir, const char *name)
+{
+	char *r;
+	if (asprintf(&r, "%s%s%s", dir, strcmp(dir, "/") ? "/" : "", name) < 0) {
+		perror("nfsh");
+		exit(1);
+	}
+	return r;
+}
+
+static char *loop_name(const char *dir, long i)
+{
+	char buf[32];
+	snprintf(buf, sizeof buf, "f%08ld", i);
+	return join(dir, buf);
+}
+
+/* ------------------------------------------------------------- pattern */
+
+/* Content byte at offset `off` depends only on (seed, off): any range of the
+ * file can be verified independently.  Each aligned 8-byte word w at offset
+ * 8*k holds splitmix64(seed ^ k) little-endian.  tests/rig/nfsh.py has the
+ * same function in Python (pattern_bytes). */
+static uint64_t splitmix64(uint64_t x)
+{
+	x += 0x9e3779b97f4a7c15ULL;
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+	return x ^ (x >> 31);
+}
+
+static void pattern_fill(uint8_t *buf, uint64_t off, size_t len, uint64_t seed)
+{
+	for (size_t i = 0; i < len;) {
+		uint64_t pos = off + i;
+		uint64_t w = splitmix64(seed ^ (pos >> 3));
+		unsigned b = pos & 7;
+		for (; b < 8 && i < len; b++, i++)
+			buf[i] = (uint8_t)(w >> (8 * b));
+	}
+}
+
+static size_t io_chunk(int writing)
+{
+	uint64_t m = writing ? nfs_get_writemax(nfs) : nfs_get_readmax(nfs);
+	if (m == 0 || m > (1 << 20))
+		m = 1 << 20;
+	return (size_t)m;
+}
+
+/* --------------------------------------------------------------- stat */
+
+static const char *type_name(uint64_t mode)
+{
+	switch (mode & S_IFMT) {
+	case S_IFREG: return "file";
+	case S_IFDIR: return "dir";
+	case S_IFLNK: return "symlink";
+	case S_IFCHR: return "char";
+	case S_IFBLK: return "block";
+	case S_IFIFO: return "fifo";
+	case S_IFSOCK: return "socket";
+	}
+	return "unknown";
+}
+
+static void print_stat(const char *path, const struct nfs_stat_64 *st)
+{
+	printf("{\"ok\":true,\"path\":");
+	json_str(stdout, path);
+	printf(",\"type\":\"%s\",\"mode\":%" PRIu64 ",\"perm\":\"%04" PRIo64 "\""
+	       ",\"nlink\":%" PRIu64 ",\"uid\":%" PRIu64 ",\"gid\":%" PRIu64
+	       ",\"size\":%" PRIu64 ",\"used\":%" PRIu64 ",\"blocks\":%" PRIu64
+	       ",\"blksize\":%" PRIu64 ",\"ino\":%" PRIu64 ",\"dev\":%" PRIu64
+	       ",\"rdev\":%" PRIu64
+	       ",\"atime\":%" PRIu64 ",\"atime_nsec\":%" PRIu64
+	       ",\"mtime\":%" PRIu64 ",\"mtime_nsec\":%" PRIu64
+	       ",\"ctime\":%" PRIu64 ",\"ctime_nsec\":%" PRIu64 "}\n",
+	       type_name(st->nfs_mode), st->nfs_mode, st->nfs_mode & 07777,
+	       st->nfs_nlink, st->nfs_uid, st->nfs_gid, st->nfs_size,
+	       st->nfs_used, st->nfs_blocks, st->nfs_blksize, st->nfs_ino,
+	       st->nfs_dev, st->nfs_rdev, st->nfs_atime, st->nfs_atime_nsec,
+	       st->nfs_mtime, st->nfs_mtime_nsec, st->nfs_ctime,
+	       st->nfs_ctime_nsec);
+}
+
+static int cmd_stat(char **a, int lstat)
+{
+	char *p = abspath(a[0]);
+	struct nfs_stat_64 st;
+	int rc = lstat ? nfs_lstat64(nfs, p, &st) : nfs_stat64(nfs, p, &st);
+	if (rc < 0)
+		die(lstat ? "lstat" : "stat", p, rc);
+	print_stat(p, &st);
+	return 0;
+}
+
+static int cmd_statvfs(char **a)
+{
+	char *p = abspath(a[0]);
+	struct nfs_statvfs_64 sv;
+	int rc = nfs_statvfs64(nfs, p, &sv);
+	if (rc < 0)
+		die("statvfs", p, rc);
+	printf("{\"ok\":true,\"bsize\":%" PRIu64 ",\"frsize\":%" PRIu64
+	       ",\"blocks\":%" PRIu64 ",\"bfree\":%" PRIu64 ",\"bavail\":%" PRIu64
+	       ",\"files\":%" PRIu64 ",\"ffree\":%" PRIu64 ",\"favail\":%" PRIu64
+	       ",\"namemax\":%" PRIu64 "}\n",
+	       sv.f_bsize, sv.f_frsize, sv.f_blocks, sv.f_bfree, sv.f_bavail,
+	       sv.f_files, sv.f_ffree, sv.f_favail, sv.f_namemax);
+	return 0;
+}
+
+/* --------------------------------------------------------------- loops */
+
+static void print_loop(const char *op, long n, double secs)
+{
+	printf("{\"ok\":true,\"op\":\"%s\",\"ops\":%ld,\"seconds\":%.6f,"
+	       "\"ops_per_sec\":%.1f}\n",
+	       op, n, secs, secs > 0 ? n / secs : 0.0);
+}
+
+static int cmd_create_loop(char **a)
+{
+	char *d = abspath(a[0]);
+	long n = parse_long(a[1]);
+	double t0 = now();
+	for (long i = 0; i < n; i++) {
+		char *p = loop_name(d, i);
+		struct nfsfh *fh;
+		int rc = nfs_creat(nfs, p, 0644, &fh);
+		if (rc < 0)
+			die("creat", p, rc);
+		rc = nfs_close(nfs, fh);
+		if (rc < 0)
+			die("close", p, rc);
+		free(p);
+	}
+	print_loop("create", n, now() - t0);
+	return 0;
+}
+
+static int cmd_stat_loop(char **a)
+{
+	char *d = abspath(a[0]);
+	long n = parse_long(a[1]);
+	double t0 = now();
+	for (long i = 0; i < n; i++) {
+		char *p = loop_name(d, i);
+		struct nfs_stat_64 st;
+		int rc = nfs_stat64(nfs, p, &st);
+		if (rc < 0)
+			die("stat", p, rc);
+		free(p);
+	}
+	print_loop("stat", n, now() - t0);
+	return 0;
+}
+
+static int cmd_remove_loop(char **a)
+{
+	char *d = abspath(a[0]);
+	long n = parse_long(a[1]);
+	double t0 = now();
+	for (long i = 0; i < n; i++) {
+		char *p = loop_name(d, i);
+		int rc = nfs_unlink(nfs, p);
+		if (rc < 0)
+			die("unlink", p, rc);
+		free(p);
+	}
+	print_loop("remove", n, now() - t0);
+	return 0;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int cmd_readdir(char **a, int argc)
+{
+	char *d = abspath(a[0]);
+	int names = argc > 1 && !strcmp(a[1], "--names");
+	struct nfsdir *dir;
+	double t0 = now();
+	int rc = nfs_opendir(nfs, d, &dir);
+	if (rc < 0)
+		die("opendir", d, rc);
+	size_t cap = 1024, n = 0, dots = 0;
+	char **v = malloc(cap * sizeof *v);
+	struct nfsdirent *e;
+	while ((e = nfs_readdir(nfs, dir)) != NULL) {
+		if (!strcmp(e->name, ".") || !strcmp(e->name, "..")) {
+			dots++;
+			continue;
+		}
+		if (n == cap)
+			v = realloc(v, (cap *= 2) * sizeof *v);
+		v[n++] = strdup(e->name);
+	}
+	nfs_closedir(nfs, dir);
+	double secs = now() - t0;
+	qsort(v, n, sizeof *v, cmp_str);
+	size_t dups = 0;
+	printf("{\"ok\":true,\"dir\":");
+	json_str(stdout, d);
+	printf(",\"count\":%zu,\"dot_entries\":%zu,\"seconds\":%.6f,\"duplicates\":[",
+	       n, dots, secs);
+	for (size_t i = 1; i < n; i++) {
+		if (!strcmp(v[i], v[i - 1]) && (i < 2 || strcmp(v[i], v[i - 2]))) {
+			if (dups < 100) {
+				if (dups)
+					putchar(',');
+				json_str(stdout, v[i]);
+			}
+			dups++;
+		}
+	}
+	printf("],\"unique\":%s", dups ? "false" : "true");
+	if (names) {
+		printf(",\"names\":[");
+		for (size_t i = 0; i < n; i++) {
+			if (i)
+				putchar(',');
+			json_str(stdout, v[i]);
+		}
+		putchar(']');
+	}
+	printf("}\n");
+	if (dups)
+		fprintf(stderr, "nfsh: readdir %s: %zu duplicate name(s)\n", d, dups);
+	return dups ? 3 : 0;
+}
+
+static int cmd_mkdir_tree(char **a)
+{
+	char *root = abspath(a[0]);
+	long dirs = parse_long(a[1]), files = parse_long(a[2]);
+	double t0 = now();
+	long ops = 0;
+	if (strcmp(root, "/")) {
+		int rc = nfs_mkdir(nfs, root);
+		if (rc < 0 && rc != -EEXIST)
+			die("mkdir", root, rc);
+		ops++;
+	}
+	for (long i = 0; i < dirs; i++) {
+		char name[32];
+		snprintf(name, sizeof name, "d%05ld", i);
+		char *dp = join(root, name);
+		int rc = nfs_mkdir(nfs, dp);
+		if (rc < 0)
+			die("mkdir", dp, rc);
+		ops++;
+		for (long j = 0; j < files; j++) {
+			char *p = loop_name(dp, j);
+			struct nfsfh *fh;
+			rc = nfs_creat(nfs, p, 0644, &fh);
+			if (rc < 0)
+				die("creat", p, rc);
+			rc = nfs_close(nfs, fh);
+			if (rc < 0)
+				die("close", p, rc);
+			ops++;
+			free(p);
+		}
+		free(dp);
+	}
+	double secs = now() - t0;
+	printf("{\"ok\":true,\"op\":\"mkdir-tree\",\"dirs\":%ld,\"files\":%ld,"
+	       "\"ops\":%ld,\"seconds\":%.6f}\n",
+	       dirs, dirs * files, ops, secs);
+	return 0;
+}
+
+/* ------------------------------------------------------- hold-and-read */
+
+/* Read up to the whole file from offset 0 through fh. Returns bytes or -errno. */
+static int64_t read_all(struct nfsfh *fh, uint64_t *sum)
+{
+	size_t chunk = io_chunk(0);
+	char *buf = malloc(chunk);
+	uint64_t off = 0, h = 1469598103934665603ULL; /* FNV-1a */
+	for (;;) {
+		int rc = nfs_pread(nfs, fh, off, chunk, buf);
+		if (rc < 0) {
+			free(buf);
+			return rc;
+		}
+		for (int i = 0; i < rc; i++)
+			h = (h ^ (uint8_t)buf[i]) * 1099511628211ULL;
+		off += rc;
+		if (rc == 0 || off >= (64ULL << 20))
+			break;
+	}
+	free(buf);
+	*sum = h;
+	return (int64_t)off;
+}
+
+static int cmd_hold_and_read(char **a)
+{
+	char *p = abspath(a[0]);
+	double secs = atof(a[1]);
+	struct nfsfh *fh;
+	int rc = nfs_open(nfs, p, O_RDONLY, &fh);
+	if (rc < 0)
+		die("open", p, rc);
+	double t0 = now();
+	long attempt = 0, ok = 0, fail = 0;
+	for (;;) {
+		double ts = now();
+		uint64_t sum = 0;
+		int64_t n = read_all(fh, &sum);
+		double lat = now() - ts;
+		printf("{\"attempt\":%ld,\"t\":%.3f,\"wall\":%.3f,\"latency\":%.4f,",
+		       attempt, ts - t0, wall(), lat);
+		if (n >= 0) {
+			ok++;
+			printf("\"ok\":true,\"bytes\":%" PRId64 ",\"fnv1a\":\"%016" PRIx64 "\"}\n",
+			       n, sum);
+		} else {
+			fail++;
+			printf("\"ok\":false,\"errno\":%d,\"err\":", (int)-n);
+			json_str(stdout, errmsg());
+			printf("}\n");
+		}
+		fflush(stdout);
+		attempt++;
+		if (now() - t0 >= secs)
+			break;
+		/* next attempt 0.5 s after the previous one started */
+		double next = ts + 0.5, cur = now();
+		if (next > cur) {
+			double d = next - cur;
+			struct timespec sl = { (time_t)d, (long)((d - (time_t)d) * 1e9) };
+			nanosleep(&sl, NULL);
+		}
+	}
+	nfs_close(nfs, fh);
+	printf("{\"summary\":true,\"attempts\":%ld,\"ok_count\":%ld,\"failed\":%ld}\n",
+	       attempt, ok, fail);
+	return 0;
+}
+
+/* ------------------------------------------------------ write/verify */
+
+static int cmd_write_pattern(char **a)
+{
+	char *p = abspath(a[0]);
+	uint64_t size = parse_size(a[1]);
+	uint64_t seed = strtoull(a[2], NULL, 0);
+	struct nfsfh *fh;
+	double t0 = now();
+	int rc = nfs_create(nfs, p, O_TRUNC, 0644, &fh);
+	if (rc < 0)
+		die("create", p, rc);
+	size_t chunk = io_chunk(1);
+	uint8_t *buf = malloc(chunk);
+	for (uint64_t off = 0; off < size;) {
+		size_t len = size - off < chunk ? (size_t)(size - off) : chunk;
+		pattern_fill(buf, off, len, seed);
+		rc = nfs_pwrite(nfs, fh, off, len, (char *)buf);
+		if (rc < 0)
+			die("pwrite", p, rc);
+		if (rc == 0)
+			die("pwrite(short)", p, -EIO);
+		off += rc;
+	}
+	rc = nfs_ftruncate(nfs, fh, size);
+	if (rc < 0)
+		die("ftruncate", p, rc);
+	rc = nfs_fsync(nfs, fh);
+	if (rc < 0)
+		die("fsync", p, rc);
+	rc = nfs_close(nfs, fh);
+	if (rc < 0)
+		die("close", p, rc);
+	double secs = now() - t0;
+	printf("{\"ok\":true,\"op\":\"write-pattern\",\"bytes\":%" PRIu64
+	       ",\"seed\":%" PRIu64 ",\"seconds\":%.6f,\"mib_per_sec\":%.2f}\n",
+	       size, seed, secs, secs > 0 ? size / 1048576.0 / secs : 0.0);
+	free(buf);
+	return 0;
+}
+
+static int cmd_verify_pattern(char **a)
+{
+	char *p = abspath(a[0]);
+	uint64_t size = parse_size(a[1]);
+	uint64_t seed = strtoull(a[2], NULL, 0);
+	struct nfsfh *fh;
+	struct nfs_stat_64 st;
+	double t0 = now();
+	int rc = nfs_open(nfs, p, O_RDONLY, &fh);
+	if (rc < 0)
+		die("open", p, rc);
+	rc = nfs_fstat64(nfs, fh, &st);
+	if (rc < 0)
+		die("fstat", p, rc);
+	size_t chunk = io_chunk(0);
+	uint8_t *buf = malloc(chunk), *exp = malloc(chunk);
+	uint64_t off = 0;
+	int64_t bad = -1;
+	while (off < size) {
+		size_t want = size - off < chunk ? (size_t)(size - off) : chunk;
+		rc = nfs_pread(nfs, fh, off, want, (char *)buf);
+		if (rc < 0)
+			die("pread", p, rc);
+		if (rc == 0)
+			break; /* short file */
+		pattern_fill(exp, off, rc, seed);
+		if (memcmp(buf, exp, rc)) {
+			for (int i = 0; i < rc; i++)
+				if (buf[i] != exp[i]) {
+					bad = off + i;
+					break;
+				}
+			break;
+		}
+		off += rc;
+	}
+	nfs_close(nfs, fh);
+	int size_ok = st.nfs_size == size;
+	int ok = bad < 0 && off == size && size_ok;
+	printf("{\"ok\":%s,\"op\":\"verify-pattern\",\"bytes_checked\":%" PRIu64
+	       ",\"expected_size\":%" PRIu64 ",\"size\":%" PRIu64
+	       ",\"first_mismatch\":%" PRId64 ",\"seconds\":%.6f}\n",
+	       ok ? "true" : "false", off, size, st.nfs_size, bad, now() - t0);
+	if (!ok)
+		fprintf(stderr, "nfsh: verify-pattern %s: mismatch (size %" PRIu64
+			" expected %" PRIu64 ", first bad offset %" PRId64 ")\n",
+			p, st.nfs_size, size, bad);
+	free(buf);
+	free(exp);
+	return ok ? 0 : 3;
+}
+
+static int cmd_cat(char **a)
+{
+	char *p = abspath(a[0]);
+	struct nfsfh *fh;
+	int rc = nfs_open(nfs, p, O_RDONLY, &fh);
+	if (rc < 0)
+		die("open", p, rc);
+	size_t chunk = io_chunk(0);
+	char *buf = malloc(chunk);
+	uint64_t off = 0;
+	for (;;) {
+		rc = nfs_pread(nfs, fh, off, chunk, buf);
+		if (rc < 0)
+			die("pread", p, rc);
+		if (rc == 0)
+			break;
+		fwrite(buf, 1, rc, stdout);
+		off += rc;
+	}
+	nfs_close(nfs, fh);
+	free(buf);
+	return 0;
+}
+
+/* ---------------------------------------------------------- one-shots */
+
+static int ok_line(const char *op, const char *path)
+{
+	printf("{\"ok\":true,\"op\":\"%s\",\"path\":", op);
+	json_str(stdout, path);
+	printf("}\n");
+	return 0;
+}
+
+static int cmd_simple(const char *cmd, char **a, int argc)
+{
+	int rc;
+	if (!strcmp(cmd, "mkdir")) {
+		char *p = abspath(a[0]);
+		if ((rc = nfs_mkdir(nfs, p)) < 0)
+			die(cmd, p, rc);
+		return ok_line(cmd, p);
+	}
+	if (!strcmp(cmd, "rmdir")) {
+		char *p = abspath(a[0]);
+		if ((rc = nfs_rmdir(nfs, p)) < 0)
+			die(cmd, p, rc);
+		return ok_line(cmd, p);
+	}
+	if (!strcmp(cmd, "unlink")) {
+		char *p = abspath(a[0]);
+		if ((rc = nfs_unlink(nfs, p)) < 0)
+			die(cmd, p, rc);
+		return ok_line(cmd, p);
+	}
+	if (!strcmp(cmd, "readlink")) {
+		char *p = abspath(a[0]);
+		char buf[4097];
+		memset(buf, 0, sizeof buf);
+		if ((rc = nfs_readlink(nfs, p, buf, sizeof buf - 1)) < 0)
+			die(cmd, p, rc);
+		printf("{\"ok\":true,\"path\":");
+		json_str(stdout, p);
+		printf(",\"target\":");
+		json_str(stdout, buf);
+		printf("}\n");
+		return 0;
+	}
+	if (argc < 2)
+		usage();
+	if (!strcmp(cmd, "rename") || !strcmp(cmd, "link")) {
+		char *o = abspath(a[0]), *n = abspath(a[1]);
+		rc = !strcmp(cmd, "rename") ? nfs_rename(nfs, o, n) : nfs_link(nfs, o, n);
+		if (rc < 0)
+			die(cmd, o, rc);
+		return ok_line(cmd, n);
+	}
+	if (!strcmp(cmd, "symlink")) {
+		char *p = abspath(a[1]);
+		if ((rc = nfs_symlink(nfs, a[0], p)) < 0)
+			die(cmd, p, rc);
+		return ok_line(cmd, p);
+	}
+	if (!strcmp(cmd, "chmod")) {
+		char *p = abspath(a[0]);
+		if ((rc = nfs_chmod(nfs, p, (int)strtol(a[1], NULL, 8))) < 0)
+			die(cmd, p, rc);
+		return ok_line(cmd, p);
+	}
+	if (!strcmp(cmd, "truncate")) {
+		char *p = abspath(a[0]);
+		if ((rc = nfs_truncate(nfs, p, parse_size(a[1]))) < 0)
+			die(cmd, p, rc);
+		return ok_line(cmd, p);
+	}
+	usage();
+	return 2;
+}
+
+/* ---------------------------------------------------------------- main */
+
+struct cmd {
+	const char *name;
+	int nargs; /* minimum */
+};
+
+static const struct cmd cmds[] = {
+	{ "stat", 1 }, { "lstat", 1 }, { "statvfs", 1 },
+	{ "create-loop", 2 }, { "stat-loop", 2 }, { "remove-loop", 2 },
+	{ "readdir", 1 }, { "mkdir-tree", 3 }, { "hold-and-read", 2 },
+	{ "write-pattern", 3 }, { "verify-pattern", 3 }, { "cat", 1 },
+	{ "mkdir", 1 }, { "rmdir", 1 }, { "unlink", 1 }, { "readlink", 1 },
+	{ "rename", 2 }, { "link", 2 }, { "symlink", 2 }, { "chmod", 2 },
+	{ "truncate", 2 }, { NULL, 0 },
+};
+
+int main(int argc, char **argv)
+{
+	if (argc < 3)
+		usage();
+	g_url = argv[1];
+	const char *cmd = argv[2];
+	char **a = argv + 3;
+	int na = argc - 3;
+	const struct cmd *c;
+	for (c = cmds; c->name; c++)
+		if (!strcmp(c->name, cmd))
+			break;
+	if (!c->name) {
+		fprintf(stderr, "nfsh: unknown command '%s'\n", cmd);
+		usage();
+	}
+	if (na < c->nargs)
+		usage();
+
+	nfs = nfs_init_context();
+	if (!nfs) {
+		fprintf(stderr, "nfsh: nfs_init_context failed\n");
+		return 1;
+	}
+	const char *e;
+	int tmo = (e = getenv("NFSH_TIMEOUT_MS")) ? atoi(e) : 60000;
+	nfs_set_timeout(nfs, tmo);
+	if ((e = getenv("NFSH_DEBUG")))
+		nfs_set_debug(nfs, atoi(e));
+	nfs_set_dircache(nfs, (e = getenv("NFSH_DIRCACHE")) && atoi(e));
+
+	/* Parses server/export and applies ?nfsport=&mountport=&version=... */
+	struct nfs_url *url = nfs_parse_url_dir(nfs, g_url);
+	if (!url) {
+		fprintf(stderr, "nfsh: bad URL '%s': %s\n", g_url, errmsg());
+		printf("{\"ok\":false,\"op\":\"parse-url\",\"path\":\"\",\"errno\":%d,"
+		       "\"error\":", EINVAL);
+		json_str(stdout, errmsg());
+		printf("}\n");
+		return 1;
+	}
+	int rc = nfs_mount(nfs, url->server, url->path);
+	if (rc < 0)
+		die("mount", url->path, rc);
+
+	if (!strcmp(cmd, "stat"))
+		rc = cmd_stat(a, 0);
+	else if (!strcmp(cmd, "lstat"))
+		rc = cmd_stat(a, 1);
+	else if (!strcmp(cmd, "statvfs"))
+		rc = cmd_statvfs(a);
+	else if (!strcmp(cmd, "create-loop"))
+		rc = cmd_create_loop(a);
+	else if (!strcmp(cmd, "stat-loop"))
+		rc = cmd_stat_loop(a);
+	else if (!strcmp(cmd, "remove-loop"))
+		rc = cmd_remove_loop(a);
+	else if (!strcmp(cmd, "readdir"))
+		rc = cmd_readdir(a, na);
+	else if (!strcmp(cmd, "mkdir-tree"))
+		rc = cmd_mkdir_tree(a);
+	else if (!strcmp(cmd, "hold-and-read"))
+		rc = cmd_hold_and_read(a);
+	else if (!strcmp(cmd, "write-pattern"))
+		rc = cmd_write_pattern(a);
+	else if (!strcmp(cmd, "verify-pattern"))
+		rc = cmd_verify_pattern(a);
+	else if (!strcmp(cmd, "cat"))
+		rc = cmd_cat(a);
+	else
+		rc = cmd_simple(cmd, a, na);
+
+	fflush(stdout);
+	/* nfs_umount: tell the MOUNT daemon (v3) we are gone; ignore errors. */
+	nfs_umount(nfs);
+	nfs_destroy_url(url);
+	nfs_destroy_context(nfs);
+	return rc;
+}

@@ -1,0 +1,203 @@
+"""nfsh: a small libnfs client (tests/rig/libnfs_helper/nfsh.c) and its Python wrapper.
+
+    from rig.nfsh import nfsh, nfsh_lines, nfsh_binary, NfshError, pattern_bytes
+    url = srv.url()                         # nfs://127.0.0.1/EXPORT?nfsport=P&mountport=P&version=3
+    nfsh(url, "create-loop", "/d", 1000)    # -> {"ok": True, "ops": 1000, "seconds": ...}
+    nfsh(url, "stat", "/d/f00000000")["size"]
+    for line in nfsh_lines(url, "hold-and-read", "/f", 10): ...
+
+The binary is compiled with ``cc`` into the test cache dir
+(``$NASD_TEST_CACHE`` or ``<repo>/target/test-cache``) as ``nfsh-<hash>``; the
+hash covers the C source, the compiler flags and the libnfs version, so an
+edit of nfsh.c rebuilds automatically.
+
+Commands (all paths relative to the export root; see nfsh.c for details):
+  stat PATH, lstat PATH, statvfs PATH,
+  create-loop DIR N, stat-loop DIR N, remove-loop DIR N  (DIR/f00000000 ...),
+  readdir DIR [--names]  (exit 3 when names are duplicated),
+  mkdir-tree DIR DIRS FILES_PER_DIR  (DIR/d00000/f00000000 ...),
+  hold-and-read PATH SECONDS  (one JSON line per 0.5 s attempt + a summary),
+  write-pattern PATH SIZE SEED, verify-pattern PATH SIZE SEED  (exit 3 on mismatch),
+  cat PATH, mkdir, rmdir, unlink, readlink PATH, rename/link OLD NEW,
+  symlink TARGET PATH, chmod PATH OCTAL, truncate PATH SIZE.
+
+Prebuild: ``python3 -m rig.nfsh`` from the ``tests`` dir.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from rig.fio import file_lock, get_cache_dir
+
+HERE = Path(__file__).resolve().parent
+SOURCE = HERE / "libnfs_helper" / "nfsh.c"
+CFLAGS = ["-O2", "-g", "-Wall", "-Wextra", "-std=gnu11"]
+
+__all__ = ["nfsh_binary", "nfsh", "nfsh_lines", "run_nfsh", "NfshError",
+           "pattern_bytes", "EXIT_CHECK_FAILED"]
+
+EXIT_CHECK_FAILED = 3  # verify-pattern mismatch / readdir duplicates
+
+
+class NfshError(RuntimeError):
+    """nfsh exited non-zero.
+
+    ``errno`` is the NFS/POSIX errno when nfsh reported one (e.g. 2 for
+    ENOENT, 13 for EACCES, 30 for EROFS), ``result`` the last JSON object
+    printed (if any), ``returncode``, ``stdout``, ``stderr``."""
+
+    def __init__(self, msg, returncode, stdout, stderr, result=None):
+        super().__init__(msg)
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+        self.result = result or {}
+        self.errno = self.result.get("errno")
+
+
+def _pkgconfig_libnfs():
+    try:
+        out = subprocess.run(["pkg-config", "--cflags", "--libs", "libnfs"],
+                             capture_output=True, text=True, check=True).stdout
+        return shlex.split(out)
+    except (OSError, subprocess.CalledProcessError):
+        raise RuntimeError("pkg-config libnfs failed: apt-get install libnfs-dev pkg-config")
+
+
+def _libnfs_version() -> str:
+    try:
+        return subprocess.run(["pkg-config", "--modversion", "libnfs"],
+                              capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return ""
+
+
+def nfsh_binary(cache_dir=None) -> str:
+    """Path to the compiled nfsh (built into the cache dir on demand)."""
+    flags = _pkgconfig_libnfs()
+    src = SOURCE.read_bytes()
+    h = hashlib.sha256(src + b"\0" + " ".join(CFLAGS + flags).encode()
+                       + b"\0" + _libnfs_version().encode()).hexdigest()[:12]
+    cdir = get_cache_dir(cache_dir)
+    out = cdir / f"nfsh-{h}"
+    if out.exists() and os.access(out, os.X_OK):
+        return str(out)
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise RuntimeError("no C compiler (cc) found")
+    with file_lock(cdir / "nfsh.lock"):
+        if not out.exists():
+            tmp = cdir / f".nfsh-{h}.tmp{os.getpid()}"
+            p = subprocess.run([cc] + CFLAGS + ["-o", str(tmp), str(SOURCE)] + flags,
+                               capture_output=True, text=True)
+            if p.returncode != 0:
+                try:
+                    tmp.unlink()
+                except FileNotFoundError:
+                    pass
+                raise RuntimeError(f"compiling nfsh failed:\n{p.stderr}")
+            os.replace(tmp, out)
+    return str(out)
+
+
+def _parse_lines(stdout: str):
+    res = []
+    for ln in stdout.splitlines():
+        ln = ln.strip()
+        if ln.startswith("{"):
+            try:
+                res.append(json.loads(ln))
+            except json.JSONDecodeError:
+                pass
+    return res
+
+
+def run_nfsh(url, *args, timeout=300, env=None, binary=None, check=True):
+    """Run nfsh; returns (list_of_json_objects, CompletedProcess).
+
+    Raises NfshError on non-zero exit when ``check`` is true, and
+    ``subprocess.TimeoutExpired`` on timeout."""
+    cmd = [binary or nfsh_binary(), str(url)] + [str(a) for a in args]
+    e = dict(os.environ)
+    if env:
+        e.update({k: str(v) for k, v in env.items()})
+    p = subprocess.run(cmd, capture_output=True, text=True, errors="replace",
+                       timeout=timeout, env=e)
+    objs = _parse_lines(p.stdout)
+    if check and p.returncode != 0:
+        last = objs[-1] if objs else None
+        raise NfshError(f"nfsh {' '.join(map(str, args))} failed rc={p.returncode}: "
+                        f"{p.stderr.strip()[-2000:]}", p.returncode, p.stdout, p.stderr, last)
+    return objs, p
+
+
+def nfsh(url, *args, timeout=300, env=None, check=True) -> dict:
+    """Run one nfsh command and return its (last) JSON object."""
+    objs, p = run_nfsh(url, *args, timeout=timeout, env=env, check=check)
+    if not objs:
+        if not check:
+            return {"ok": False, "returncode": p.returncode, "stderr": p.stderr}
+        raise NfshError(f"nfsh {' '.join(map(str, args))}: no JSON output "
+                        f"(stderr: {p.stderr.strip()[-2000:]})", p.returncode, p.stdout, p.stderr)
+    return objs[-1]
+
+
+def nfsh_lines(url, *args, timeout=300, env=None, check=True) -> list:
+    """Run one nfsh command and return all JSON objects it printed."""
+    return run_nfsh(url, *args, timeout=timeout, env=env, check=check)[0]
+
+
+def nfsh_popen(url, *args, env=None, **kw) -> subprocess.Popen:
+    """Start nfsh in the background (e.g. hold-and-read while restarting the
+    server).  stdout/stderr are pipes (text); read with ``communicate()``."""
+    e = dict(os.environ)
+    if env:
+        e.update({k: str(v) for k, v in env.items()})
+    kw.setdefault("stdout", subprocess.PIPE)
+    kw.setdefault("stderr", subprocess.PIPE)
+    kw.setdefault("text", True)
+    return subprocess.Popen([nfsh_binary(), str(url)] + [str(a) for a in args], env=e, **kw)
+
+
+parse_lines = _parse_lines
+
+# ---------------------------------------------------------------- pattern
+
+_M64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def pattern_bytes(size: int, seed: int, offset: int = 0) -> bytes:
+    """The bytes nfsh write-pattern puts at [offset, offset+size) (same
+    algorithm as pattern_fill in nfsh.c: word k = splitmix64(seed ^ k), LE).
+    Pure Python: fine for a few MiB, slow beyond that."""
+    if size <= 0:
+        return b""
+    first, last = offset >> 3, (offset + size - 1) >> 3
+    seed &= _M64
+    buf = b"".join(_splitmix64(seed ^ k).to_bytes(8, "little") for k in range(first, last + 1))
+    start = offset - (first << 3)
+    return buf[start:start + size]
+
+
+def main(argv=None) -> int:
+    print(nfsh_binary())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
