@@ -70,7 +70,7 @@ mount -o remount,rw / 2>/dev/null
 mount -t tmpfs -o mode=1777 tmpfs /tmp
 mount -t tmpfs -o mode=755 tmpfs /run
 mkdir -p /run/lock /dev/pts /dev/shm
-mount -t devpts devpts /dev/pts 2>/dev/null
+mountpoint -q /dev/pts || mount -t devpts devpts /dev/pts 2>/dev/null
 hostname nasd-guest 2>/dev/null
 
 modprobe -q 9pnet_virtio 2>/dev/null
@@ -396,7 +396,7 @@ def run_guest(script: str, netns, timeout: float = 300, smp: int = 2,
                       "init=/" + INIT_PATH + " panic=-1",
            "-drive", f"file={img.rootfs},if=virtio,format=raw,snapshot=on",
            "-virtfs", f"local,path={share},mount_tag=share,security_model=none",
-           "-netdev", "user,id=n0", "-device", "virtio-net-pci,netdev=n0",
+           "-netdev", "user,id=n0", "-device", "virtio-net-pci,netdev=n0,romfile=",
            "-device", "virtio-rng-pci"]
     t0 = time.monotonic()
     failed = True

@@ -1,0 +1,167 @@
+"""Kernel NFS client smoke test: the same POSIX script against Ganesha and nasd.
+
+A qemu guest (Debian bookworm kernel, TCG) mounts the server with NFSv3 over
+TCP through qemu user networking; the server listens on 127.0.0.1 inside a
+throw-away network namespace.  See docs/testing.md.
+
+    python3 -m pytest tests/kernel-client/test_smoke.py -s            # both
+    python3 -m pytest tests/kernel-client/test_smoke.py -k ganesha -s
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parents[1]
+REPO = TESTS.parent
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+
+from rig import vm  # noqa: E402
+from rig.ganesha import Ganesha  # noqa: E402
+from rig.netns import Netns  # noqa: E402
+
+NASD = REPO / "target" / "release" / "nasd"
+DATA_BYTES = 4 * 1024 * 1024
+PATTERN = b"nasd kernel-client smoke pattern\n"
+HELLO = "hello from the host\n"
+
+
+def _prereq_skip() -> str | None:
+    if os.geteuid() != 0:
+        return "kernel-client tests need root (netns, debootstrap)"
+    if not shutil.which("qemu-system-x86_64"):
+        return "qemu-system-x86_64 missing: apt-get install qemu-system-x86"
+    if not shutil.which("ip"):
+        return "ip missing: apt-get install iproute2"
+    cached = (vm.default_cache_dir() / f"image-{vm.recipe_hash()}" / "recipe").exists()
+    if not cached and not (shutil.which("debootstrap") and shutil.which("mke2fs")):
+        return "debootstrap/mke2fs missing: apt-get install debootstrap e2fsprogs"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_prereq_skip() is not None, reason=str(_prereq_skip()))
+
+
+@pytest.fixture(scope="session")
+def guest_image() -> vm.Image:
+    return vm.ensure_image()
+
+
+def _pattern_data() -> bytes:
+    return (PATTERN * (DATA_BYTES // len(PATTERN) + 1))[:DATA_BYTES]
+
+
+GUEST_SCRIPT = r"""
+set -eux
+M=/mnt/nfs
+timeout 90 mount -t nfs -o {opts} 10.0.2.2:{path} $M
+grep " $M " /proc/mounts >&2
+echo "hello: $(cat $M/hello.txt)"
+# 4 MiB of a repeating pattern (the host knows its md5).
+yes '{pattern}' | head -c {nbytes} > /tmp/data
+dd if=/tmp/data of=$M/data.bin bs=64k conv=fsync status=none
+mkdir $M/dir1
+mv $M/data.bin $M/dir1/moved.bin
+echo 3 > /proc/sys/vm/drop_caches
+echo "md5: $(md5sum < $M/dir1/moved.bin | cut -d' ' -f1)"
+echo "size: $(stat -c %s $M/dir1/moved.bin)"
+ls -l $M/dir1 >&2
+echo "from the guest" > $M/keep.txt
+sync
+echo "list1: $(cd $M && ls | tr '\n' ' ')"
+rm $M/dir1/moved.bin
+rmdir $M/dir1
+echo "list2: $(cd $M && ls | tr '\n' ' ')"
+ls -la $M >&2
+umount $M
+echo "done"
+"""
+
+
+def _stop(proc: subprocess.Popen, timeout: float = 10) -> None:
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.contextmanager
+def _nasd(ns: Netns, export: Path, logdir: Path):
+    if not NASD.exists():
+        pytest.skip("nasd binary not built: run cargo build --release")
+    port = 2049
+    log = open(logdir / "nasd.log", "wb")
+    proc = ns.popen([str(NASD), "serve", str(export), "--listen", f"127.0.0.1:{port}",
+                     "--no-root-squash"], stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True)
+    try:
+        try:
+            ns.wait_tcp(port, timeout=30, proc=proc)
+        except Exception as e:
+            raise RuntimeError(f"nasd did not start: {e}\n"
+                               f"{(logdir / 'nasd.log').read_text(errors='replace')[-3000:]}")
+        yield {"port": port, "mount_port": port, "path": str(export)}
+    finally:
+        _stop(proc)
+        log.close()
+        print(f"--- nasd log (exit {proc.returncode}) ---")
+        print((logdir / "nasd.log").read_text(errors="replace")[-3000:])
+
+
+@contextlib.contextmanager
+def _ganesha(ns: Netns, export: Path, logdir: Path):
+    if not shutil.which("ganesha.nfsd"):
+        pytest.skip("ganesha.nfsd missing: apt-get install nfs-ganesha nfs-ganesha-vfs rpcbind")
+    g = Ganesha(export, netns=ns)
+    try:
+        with g:
+            yield {"port": g.port, "mount_port": g.mount_port, "path": g.export_path}
+    finally:
+        (logdir / "ganesha.log").write_text(g.log)
+
+
+SERVERS = {"ganesha": _ganesha, "nasd": _nasd}
+
+
+@pytest.mark.parametrize("server", ["ganesha", "nasd"])
+def test_smoke_v3(server: str, tmp_path: Path, guest_image: vm.Image) -> None:
+    export = tmp_path / "export"
+    export.mkdir()
+    os.chmod(export, 0o777)
+    (export / "hello.txt").write_text(HELLO)
+    with Netns() as ns, SERVERS[server](ns, export, tmp_path) as srv:
+        opts = (f"vers=3,proto=tcp,port={srv['port']},mountport={srv['mount_port']},"
+                f"mountproto=tcp,nolock")
+        script = GUEST_SCRIPT.format(opts=opts, path=srv["path"], nbytes=DATA_BYTES,
+                                     pattern=PATTERN.decode().rstrip("\n"))
+        res = vm.run_guest(script, ns, timeout=300, image=guest_image)
+    print(f"\n===== {server}: rc={res.rc} ({res.seconds:.1f}s) =====")
+    print(f"--- {server} stdout ---\n{res.stdout}")
+    print(f"--- {server} stderr ---\n{res.stderr}")
+    if res.rc != 0:
+        print(f"--- {server} console tail ---\n{res.console[-3000:]}")
+
+    assert res.rc == 0, f"guest script failed on {server}:\n{res.stderr[-2000:]}"
+    out = dict(line.split(": ", 1) for line in res.stdout.splitlines() if ": " in line)
+    assert out["hello"] == HELLO.strip()
+    assert out["md5"] == hashlib.md5(_pattern_data()).hexdigest()
+    assert out["size"] == str(DATA_BYTES)
+    assert out["list1"].split() == ["dir1", "hello.txt", "keep.txt"]
+    assert out["list2"].split() == ["hello.txt", "keep.txt"]
+    assert res.stdout.rstrip().endswith("done")
+    # What the guest did is visible on the exported directory.
+    assert (export / "keep.txt").read_text() == "from the guest\n"
+    assert sorted(p.name for p in export.iterdir()) == ["hello.txt", "keep.txt"]
