@@ -29,7 +29,7 @@ from rig import vm  # noqa: E402
 from rig.ganesha import Ganesha  # noqa: E402
 from rig.netns import Netns  # noqa: E402
 
-NASD = REPO / "target" / "release" / "nasd"
+NASD = Path(os.environ.get("NASD_BINARY") or REPO / "target" / "release" / "nasd")
 DATA_BYTES = 4 * 1024 * 1024
 PATTERN = b"nasd kernel-client smoke pattern\n"
 HELLO = "hello from the host\n"

@@ -376,8 +376,9 @@ def run_guest(script: str, netns, timeout: float = 300, smp: int = 2,
     The script runs as root in the guest with the 9p share at /share (it may
     leave files there); 10.0.2.2 is the namespace's 127.0.0.1.  Raises
     GuestError (with the console tail) if the guest did not record an exit
-    status within ``timeout`` seconds.  The share dir is removed afterwards
-    unless the run failed or ``keep_share`` / env NASD_KEEP_GUEST=1.
+    status within ``timeout`` seconds.  The share dir (cmd.sh, stdout,
+    stderr, rc, console.log) is removed afterwards unless ``keep_share`` or
+    env NASD_KEEP_GUEST=1; the console log is also in ``GuestResult.console``.
     """
     qemu = shutil.which("qemu-system-x86_64")
     if not qemu:
@@ -399,7 +400,6 @@ def run_guest(script: str, netns, timeout: float = 300, smp: int = 2,
            "-netdev", "user,id=n0", "-device", "virtio-net-pci,netdev=n0,romfile=",
            "-device", "virtio-rng-pci"]
     t0 = time.monotonic()
-    failed = True
     try:
         with open(console, "wb") as con:
             proc = netns.popen(cmd, stdout=con, stderr=subprocess.STDOUT,
@@ -417,7 +417,9 @@ def run_guest(script: str, netns, timeout: float = 300, smp: int = 2,
         if not rc_file.exists():
             why = f"timed out after {timeout}s" if timed_out else \
                 f"qemu exited {proc.returncode} after {secs:.0f}s"
-            raise GuestError(f"guest recorded no exit status ({why}); share dir {share}; "
+            where = f"share dir kept: {share}" if keep_share else \
+                "set NASD_KEEP_GUEST=1 to keep the share dir"
+            raise GuestError(f"guest recorded no exit status ({why}); {where}; "
                              f"console tail:\n{_tail(console)}")
         res = GuestResult(
             rc=int(rc_file.read_text().strip() or "-1"),
@@ -427,8 +429,9 @@ def run_guest(script: str, netns, timeout: float = 300, smp: int = 2,
             if (share / "stderr").exists() else "",
             console=console.read_text(errors="replace"),
             seconds=secs)
-        failed = False
         return res
     finally:
-        if not keep_share and not failed:
+        if keep_share:
+            _log(f"guest share dir kept: {share}")
+        else:
             shutil.rmtree(share, ignore_errors=True)
