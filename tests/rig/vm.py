@@ -249,6 +249,26 @@ def _trim_modules(root: Path, log_path: Path) -> str:
     return kver
 
 
+def _umount_under(path: Path) -> None:
+    """Unmount anything left mounted below ``path`` (an interrupted debootstrap
+    leaves proc/sys, possibly a bind of /dev) so rmtree never walks into it."""
+    prefix = os.path.realpath(path) + "/"
+    mounts = []
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            mnt = line.split()[1].replace("\\040", " ")
+            if mnt.startswith(prefix):
+                mounts.append(mnt)
+    for mnt in sorted(mounts, key=len, reverse=True):
+        subprocess.run(["umount", "-l", mnt], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _rmtree(path: Path) -> None:
+    _umount_under(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def _du_mb(path: Path) -> int:
     out = subprocess.run(["du", "-sxm", str(path)], stdout=subprocess.PIPE,
                          text=True, check=True).stdout
@@ -331,6 +351,8 @@ def ensure_image(cache_dir: str | os.PathLike | None = None) -> Image:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another pytest may be building
         if (final / "recipe").exists():
             return image()
+        for stale in cache.glob("build-*"):  # from a killed build (we hold the lock)
+            _rmtree(stale)
         work = Path(tempfile.mkdtemp(prefix="build-", dir=cache))
         log_path = cache / "build.log"
         log_path.write_text(f"recipe {recipe_hash()}\n")
@@ -338,7 +360,7 @@ def ensure_image(cache_dir: str | os.PathLike | None = None) -> Image:
             _build(work, log_path)
             os.rename(work / "out", final)
         finally:
-            shutil.rmtree(work, ignore_errors=True)
+            _rmtree(work)
         # Drop images of older recipes.
         for old in cache.glob("image-*"):
             if old != final:
