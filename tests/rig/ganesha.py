@@ -7,12 +7,13 @@
 
 NFSv3 needs rpcbind: Ganesha registers its programs over rpcbind's unix
 socket in /run, which is shared by all network namespaces.  If no rpcbind is
-running, one is started on the host (``rpcbind -w``) and stopped again when
-the last Ganesha that started it exits.
+running, one is started on the host (``rpcbind -f -w``) and stopped again
+when the last Ganesha of this Python process that uses it stops.
 """
 
 from __future__ import annotations
 
+import atexit
 import glob
 import os
 import shutil
@@ -20,6 +21,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -81,7 +83,7 @@ class Ganesha:
         self.log_level = log_level
         self.proc: subprocess.Popen | None = None
         self.workdir: Path | None = None
-        self._started_rpcbind: subprocess.Popen | None = None
+        self._uses_rpcbind = False
         self._log_text = ""
 
     # -- config ----------------------------------------------------------
@@ -140,24 +142,50 @@ LOG {{
         return self._log_text
 
     # -- lifecycle -------------------------------------------------------
+    # rpcbind started by this process is shared by all Ganesha objects in it
+    # and stopped when the last of them stops.
+    _rpcbind_lock = threading.Lock()
+    _rpcbind_proc: subprocess.Popen | None = None
+    _rpcbind_users = 0
+
     def _ensure_rpcbind(self) -> None:
-        if _rpcbind_running():
+        cls = Ganesha
+        with cls._rpcbind_lock:
+            if cls._rpcbind_proc is not None and cls._rpcbind_proc.poll() is None:
+                cls._rpcbind_users += 1
+                self._uses_rpcbind = True
+                return
+            if _rpcbind_running():
+                return
+            if not shutil.which("rpcbind"):
+                raise GaneshaError("rpcbind not found (apt-get install rpcbind); NFSv3 needs it")
+            # -f: foreground so we own the PID; -w: warm start.
+            p = subprocess.Popen(["rpcbind", "-f", "-w"], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                 start_new_session=True)
+            end = time.monotonic() + 10
+            while not _rpcbind_running():
+                if p.poll() is not None:
+                    raise GaneshaError(f"rpcbind exited with {p.returncode}")
+                if time.monotonic() > end:
+                    _stop(p, 3)
+                    raise GaneshaError("rpcbind did not come up")
+                time.sleep(0.1)
+            cls._rpcbind_proc = p
+            cls._rpcbind_users = 1
+            self._uses_rpcbind = True
+
+    def _release_rpcbind(self) -> None:
+        if not self._uses_rpcbind:
             return
-        if not shutil.which("rpcbind"):
-            raise GaneshaError("rpcbind not found (apt-get install rpcbind); NFSv3 needs it")
-        # -f: foreground so we own the PID; -w: warm start.
-        p = subprocess.Popen(["rpcbind", "-f", "-w"], stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
-        end = time.monotonic() + 10
-        while not _rpcbind_running():
-            if p.poll() is not None:
-                raise GaneshaError(f"rpcbind exited with {p.returncode}")
-            if time.monotonic() > end:
-                _stop(p, 3)
-                raise GaneshaError("rpcbind did not come up")
-            time.sleep(0.1)
-        self._started_rpcbind = p
+        self._uses_rpcbind = False
+        cls = Ganesha
+        with cls._rpcbind_lock:
+            cls._rpcbind_users -= 1
+            if cls._rpcbind_users <= 0 and cls._rpcbind_proc is not None:
+                _stop(cls._rpcbind_proc, 5)
+                cls._rpcbind_proc = None
+                cls._rpcbind_users = 0
 
     def start(self) -> "Ganesha":
         self.workdir = Path(tempfile.mkdtemp(prefix="nasd-ganesha-"))
@@ -209,9 +237,7 @@ LOG {{
         if self.proc is not None:
             rc = _stop(self.proc, self.stop_timeout)
             self.proc = None
-        if self._started_rpcbind is not None:
-            _stop(self._started_rpcbind, 5)
-            self._started_rpcbind = None
+        self._release_rpcbind()
         if remove:
             self._cleanup()
         return rc
@@ -227,6 +253,14 @@ LOG {{
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@atexit.register
+def _stop_rpcbind_at_exit() -> None:
+    p = Ganesha._rpcbind_proc
+    if p is not None:
+        _stop(p, 5)
+        Ganesha._rpcbind_proc = None
 
 
 def _stop(proc: subprocess.Popen, timeout: float) -> int | None:
