@@ -392,11 +392,14 @@ def _tail(path: Path, n: int = 40) -> str:
 
 def run_guest(script: str, netns, timeout: float = 300, smp: int = 2,
               mem: int = 2048, image: Image | None = None,
-              keep_share: bool | None = None) -> GuestResult:
+              keep_share: bool | None = None,
+              files: dict[str, str | bytes] | None = None) -> GuestResult:
     """Boot the guest inside ``netns``, run ``script`` with sh, return its result.
 
     The script runs as root in the guest with the 9p share at /share (it may
-    leave files there); 10.0.2.2 is the namespace's 127.0.0.1.  Raises
+    leave files there; ``files`` maps extra names to contents to put beside
+    cmd.sh, e.g. {"helper.sh": "..."} appears as /share/helper.sh); 10.0.2.2
+    is the namespace's 127.0.0.1.  Raises
     GuestError (with the console tail) if the guest did not record an exit
     status within ``timeout`` seconds.  The share dir (cmd.sh, stdout,
     stderr, rc, console.log) is removed afterwards unless ``keep_share`` or
@@ -411,6 +414,16 @@ def run_guest(script: str, netns, timeout: float = 300, smp: int = 2,
     share = Path(tempfile.mkdtemp(prefix="nasd-guest-"))
     os.chmod(share, 0o755)
     (share / "cmd.sh").write_text(script)
+    for name, content in (files or {}).items():
+        dest = share / name
+        if dest.resolve().parent != share.resolve() and share.resolve() not in dest.resolve().parents:
+            raise ValueError(f"file name {name!r} escapes the share dir")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            dest.write_bytes(content)
+        else:
+            dest.write_text(content)
+        os.chmod(dest, 0o755)
     console = share / "console.log"
     cmd = [qemu, "-accel", "tcg,thread=multi", "-smp", str(smp), "-m", str(mem),
            "-nographic", "-no-reboot",
