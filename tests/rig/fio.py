@@ -104,11 +104,29 @@ def _run(cmd, cwd=None, env=None, timeout=None, log_path=None):
 
 
 def _pkg_version(pkg: str) -> str:
+    """Version of an installed package, "" when not installed."""
     try:
-        return subprocess.run(["dpkg-query", "-W", "-f=${Version}", pkg],
-                              capture_output=True, text=True).stdout.strip()
+        out = subprocess.run(["dpkg-query", "-W", "-f=${db:Status-Abbrev} ${Version}", pkg],
+                             capture_output=True, text=True).stdout.strip()
     except OSError:
         return ""
+    parts = out.split()  # "ii  1.2-3" (Status-Abbrev has a trailing space)
+    return parts[-1] if len(parts) >= 2 and parts[0] == "ii" else ""
+
+
+def _apt(cmd, cwd=None, log_path=None, timeout=900):
+    """Run an apt command, waiting out other apt/dpkg processes' locks."""
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    cmd = [cmd[0], "-o", "DPkg::Lock::Timeout=300"] + cmd[1:]
+    for attempt in range(30):
+        try:
+            return _run(cmd, cwd=cwd, env=env, timeout=timeout, log_path=log_path)
+        except FioBuildError as e:
+            msg = str(e)
+            if attempt < 29 and ("Could not get lock" in msg or "Unable to lock" in msg):
+                time.sleep(10)
+                continue
+            raise
 
 
 def recipe_hash() -> str:
@@ -216,13 +234,7 @@ def ensure_deb_src(log_path=None) -> None:
             Path(lf).write_text("\n".join(legacy) + "\n")
             changed = True
     if changed or not glob.glob("/var/lib/apt/lists/*_Sources*"):
-        _run(["apt-get", "update"], timeout=900, log_path=log_path)
-
-
-def _apt_env():
-    env = dict(os.environ)
-    env["DEBIAN_FRONTEND"] = "noninteractive"
-    return env
+        _apt(["apt-get", "update"], log_path=log_path)
 
 
 def ensure_build_packages(log_path=None) -> None:
@@ -230,8 +242,8 @@ def ensure_build_packages(log_path=None) -> None:
     if shutil.which("pkg-config") is None and "pkg-config" not in missing:
         missing.append("pkg-config")
     if missing:
-        _run(["apt-get", "install", "-y", "--no-install-recommends"] + missing,
-             env=_apt_env(), timeout=900, log_path=log_path)
+        _apt(["apt-get", "install", "-y", "--no-install-recommends"] + missing,
+             log_path=log_path)
 
 
 # --------------------------------------------------------------------------
@@ -259,13 +271,11 @@ def _build(dest_dir: Path) -> None:
     ensure_deb_src(log_path)
     with tempfile.TemporaryDirectory(prefix="nasd-fio-build-") as tmp:
         try:
-            _run(["apt-get", "source", "fio"],
-                 cwd=tmp, env=_apt_env(), timeout=900, log_path=log_path)
+            _apt(["apt-get", "source", "fio"], cwd=tmp, log_path=log_path)
         except FioBuildError:
             # stale lists: refresh once and retry
-            _run(["apt-get", "update"], timeout=900, log_path=log_path)
-            _run(["apt-get", "source", "fio"], cwd=tmp, env=_apt_env(),
-                 timeout=900, log_path=log_path)
+            _apt(["apt-get", "update"], log_path=log_path)
+            _apt(["apt-get", "source", "fio"], cwd=tmp, log_path=log_path)
         srcs = [d for d in Path(tmp).iterdir()
                 if d.is_dir() and d.name.startswith("fio-") and (d / "configure").exists()]
         if not srcs:
@@ -332,13 +342,15 @@ def parse_fio_json(text: str) -> dict:
     raise ValueError("no JSON document found in fio output")
 
 
-def run_fio(args, timeout=300, fio=None, cwd=None, env=None) -> dict:
+def run_fio(args, timeout=300, fio=None, cwd=None, env=None, check_errors=True) -> dict:
     """Run fio with ``--output-format=json`` and return the parsed JSON.
 
     ``args`` are fio command-line arguments (job options as ``--name=...``
     style or a job-file path).  Raises :class:`FioError` on non-zero exit,
     timeout, or unparseable output.  The returned dict gets an extra
-    ``"_noise"`` key: list of non-JSON stdout lines (e.g. engine errors)."""
+    ``"_noise"`` key: list of non-JSON stdout lines (e.g. engine errors) and
+    ``"_stderr"``.  With ``check_errors`` a job whose JSON ``error`` is
+    non-zero raises too; pass False to inspect such results yourself."""
     fio = fio or fio_binary()
     args = [str(a) for a in args]
     if not any(a.startswith("--output-format") for a in args):
@@ -364,7 +376,7 @@ def run_fio(args, timeout=300, fio=None, cwd=None, env=None) -> dict:
                      if ln and ln[:1] not in (" ", "\t", "{", "}", "[", "]", '"')]
     out["_stderr"] = p.stderr
     # fio reports per-job errors in JSON while still exiting 0 in some cases
-    errs = [j for j in out.get("jobs", []) if j.get("error")]
+    errs = [j for j in out.get("jobs", []) if j.get("error")] if check_errors else []
     if errs:
         raise FioError(f"fio job error(s): " +
                        ", ".join(f"{j.get('jobname')}: error={j.get('error')}" for j in errs)

@@ -131,16 +131,17 @@ a = ap.parse_args()
 assert a.cmd == "serve"
 if a.fail:
     print("error: bad config", file=sys.stderr); sys.exit(3)
-host, port = a.listen.rsplit(":", 1)
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((host, int(port))); s.listen()
-with open(os.path.join(a.state_dir, "runs"), "a") as f:
-    f.write("run\n")
-print(f"serving {a.dir or a.exports} ro={a.ro} on {a.listen}", file=sys.stderr, flush=True)
+# everything observable happens before listen(): Nasd is "ready" at listen
 if a.ignore_term:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 else:
     signal.signal(signal.SIGTERM, lambda *_: (print("SIGTERM", file=sys.stderr, flush=True), sys.exit(0)))
+with open(os.path.join(a.state_dir, "runs"), "a") as f:
+    f.write("run\n")
+print(f"serving {a.dir or a.exports} ro={a.ro} on {a.listen}", file=sys.stderr, flush=True)
+host, port = a.listen.rsplit(":", 1)
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((host, int(port))); s.listen()
 while True:
     c, _ = s.accept(); c.close()
 '''
