@@ -35,7 +35,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rig.fio import file_lock, get_cache_dir
+from rig.fio import ensure_build_packages, file_lock, get_cache_dir
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "libnfs_helper" / "nfsh.c"
@@ -64,12 +64,16 @@ class NfshError(RuntimeError):
 
 
 def _pkgconfig_libnfs():
-    try:
-        out = subprocess.run(["pkg-config", "--cflags", "--libs", "libnfs"],
-                             capture_output=True, text=True, check=True).stdout
-        return shlex.split(out)
-    except (OSError, subprocess.CalledProcessError):
-        raise RuntimeError("pkg-config libnfs failed: apt-get install libnfs-dev pkg-config")
+    for attempt in range(2):
+        try:
+            out = subprocess.run(["pkg-config", "--cflags", "--libs", "libnfs"],
+                                 capture_output=True, text=True, check=True).stdout
+            return shlex.split(out)
+        except (OSError, subprocess.CalledProcessError):
+            if attempt == 0 and os.geteuid() == 0:
+                ensure_build_packages()  # apt-get install libnfs-dev pkg-config gcc ...
+                continue
+            raise RuntimeError("pkg-config libnfs failed: apt-get install libnfs-dev pkg-config")
 
 
 def _libnfs_version() -> str:
