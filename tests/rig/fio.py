@@ -342,7 +342,8 @@ def parse_fio_json(text: str) -> dict:
     raise ValueError("no JSON document found in fio output")
 
 
-def run_fio(args, timeout=300, fio=None, cwd=None, env=None, check_errors=True) -> dict:
+def run_fio(args, timeout=300, fio=None, cwd=None, env=None, check_errors=True,
+            netns=None) -> dict:
     """Run fio with ``--output-format=json`` and return the parsed JSON.
 
     ``args`` are fio command-line arguments (job options as ``--name=...``
@@ -350,12 +351,15 @@ def run_fio(args, timeout=300, fio=None, cwd=None, env=None, check_errors=True) 
     timeout, or unparseable output.  The returned dict gets an extra
     ``"_noise"`` key: list of non-JSON stdout lines (e.g. engine errors) and
     ``"_stderr"``.  With ``check_errors`` a job whose JSON ``error`` is
-    non-zero raises too; pass False to inspect such results yourself."""
+    non-zero raises too; pass False to inspect such results yourself.
+    ``netns``: object with ``.argv(cmd)`` to run fio inside that namespace."""
     fio = fio or fio_binary()
     args = [str(a) for a in args]
     if not any(a.startswith("--output-format") for a in args):
         args = ["--output-format=json"] + args
     cmd = [fio] + args
+    if netns is not None:
+        cmd = netns.argv(cmd)
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, errors="replace",
                            timeout=timeout, cwd=cwd, env=env)

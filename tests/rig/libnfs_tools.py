@@ -45,11 +45,12 @@ def tools_available() -> bool:
     return all(shutil.which(t) for t in TOOLS)
 
 
-def _run(cmd, timeout, text=True):
+def _run(cmd, timeout, text=True, netns=None):
     if not shutil.which(cmd[0]):
         raise LibnfsToolError(cmd, 127, "", f"{cmd[0]} not found (apt-get install libnfs-utils)")
+    full = netns.argv(cmd) if netns is not None else cmd
     try:
-        p = subprocess.run(cmd, capture_output=True, text=text, timeout=timeout,
+        p = subprocess.run(full, capture_output=True, text=text, timeout=timeout,
                            stdin=subprocess.DEVNULL,
                            **({"errors": "replace"} if text else {}))
     except subprocess.TimeoutExpired as e:
@@ -66,7 +67,7 @@ _LS_RE = re.compile(r"^(\S{10})\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+) (.*)$")
 
 
 def nfs_ls_raw(url: str, recursive: bool = False, summary: bool = False,
-               timeout: float = 60) -> str:
+               timeout: float = 60, netns=None) -> str:
     """stdout of ``nfs-ls [-R] [-s] URL``."""
     if str(url).startswith("-"):
         raise ValueError("nfs-ls takes a URL here; options other than -R/-s are refused")
@@ -76,17 +77,17 @@ def nfs_ls_raw(url: str, recursive: bool = False, summary: bool = False,
     if summary:
         cmd.append("-s")
     cmd.append(str(url))
-    return _run(cmd, timeout).stdout
+    return _run(cmd, timeout, netns=netns).stdout
 
 
-def nfs_ls(url: str, recursive: bool = False, timeout: float = 60) -> list:
+def nfs_ls(url: str, recursive: bool = False, timeout: float = 60, netns=None) -> list:
     """Parsed ``nfs-ls`` listing (no ``.``/``..``).
 
     Each entry: ``name`` (relative path with -R), ``type`` (file, dir,
     symlink, ...), ``mode`` (the ls-style string), ``nlink``, ``uid``,
     ``gid``, ``size``."""
     out = []
-    for line in nfs_ls_raw(url, recursive=recursive, timeout=timeout).splitlines():
+    for line in nfs_ls_raw(url, recursive=recursive, timeout=timeout, netns=netns).splitlines():
         m = _LS_RE.match(line)
         if not m:
             continue
@@ -99,21 +100,21 @@ def nfs_ls(url: str, recursive: bool = False, timeout: float = 60) -> list:
     return out
 
 
-def nfs_cat(url: str, timeout: float = 60) -> bytes:
+def nfs_cat(url: str, timeout: float = 60, netns=None) -> bytes:
     """File content via ``nfs-cat URL``."""
-    return _run(["nfs-cat", str(url)], timeout, text=False).stdout
+    return _run(["nfs-cat", str(url)], timeout, text=False, netns=netns).stdout
 
 
-def nfs_cp(src: str, dst: str, timeout: float = 300) -> int:
+def nfs_cp(src: str, dst: str, timeout: float = 300, netns=None) -> int:
     """``nfs-cp SRC DST`` (each a local path or nfs:// URL). Returns bytes copied."""
-    p = _run(["nfs-cp", os.fspath(src), os.fspath(dst)], timeout)
+    p = _run(["nfs-cp", os.fspath(src), os.fspath(dst)], timeout, netns=netns)
     m = re.search(r"copied (\d+) bytes", p.stdout)
     return int(m.group(1)) if m else -1
 
 
-def nfs_get(url: str, local_path, timeout: float = 300) -> int:
-    return nfs_cp(url, os.fspath(local_path), timeout)
+def nfs_get(url: str, local_path, timeout: float = 300, netns=None) -> int:
+    return nfs_cp(url, os.fspath(local_path), timeout, netns=netns)
 
 
-def nfs_put(local_path, url: str, timeout: float = 300) -> int:
-    return nfs_cp(os.fspath(local_path), url, timeout)
+def nfs_put(local_path, url: str, timeout: float = 300, netns=None) -> int:
+    return nfs_cp(os.fspath(local_path), url, timeout, netns=netns)

@@ -124,12 +124,16 @@ def _parse_lines(stdout: str):
     return res
 
 
-def run_nfsh(url, *args, timeout=300, env=None, binary=None, check=True):
+def run_nfsh(url, *args, timeout=300, env=None, binary=None, check=True, netns=None):
     """Run nfsh; returns (list_of_json_objects, CompletedProcess).
 
+    ``netns``: an object with ``.argv(cmd)`` (rig.netns.Netns) to run nfsh
+    inside a network namespace (where a Nasd(netns=...) listens).
     Raises NfshError on non-zero exit when ``check`` is true, and
     ``subprocess.TimeoutExpired`` on timeout."""
     cmd = [binary or nfsh_binary(), str(url)] + [str(a) for a in args]
+    if netns is not None:
+        cmd = netns.argv(cmd)
     e = dict(os.environ)
     if env:
         e.update({k: str(v) for k, v in env.items()})
@@ -143,9 +147,9 @@ def run_nfsh(url, *args, timeout=300, env=None, binary=None, check=True):
     return objs, p
 
 
-def nfsh(url, *args, timeout=300, env=None, check=True) -> dict:
+def nfsh(url, *args, timeout=300, env=None, check=True, netns=None) -> dict:
     """Run one nfsh command and return its (last) JSON object."""
-    objs, p = run_nfsh(url, *args, timeout=timeout, env=env, check=check)
+    objs, p = run_nfsh(url, *args, timeout=timeout, env=env, check=check, netns=netns)
     if not objs:
         if not check:
             return {"ok": False, "returncode": p.returncode, "stderr": p.stderr}
@@ -154,12 +158,12 @@ def nfsh(url, *args, timeout=300, env=None, check=True) -> dict:
     return objs[-1]
 
 
-def nfsh_lines(url, *args, timeout=300, env=None, check=True) -> list:
+def nfsh_lines(url, *args, timeout=300, env=None, check=True, netns=None) -> list:
     """Run one nfsh command and return all JSON objects it printed."""
-    return run_nfsh(url, *args, timeout=timeout, env=env, check=check)[0]
+    return run_nfsh(url, *args, timeout=timeout, env=env, check=check, netns=netns)[0]
 
 
-def nfsh_popen(url, *args, env=None, **kw) -> subprocess.Popen:
+def nfsh_popen(url, *args, env=None, netns=None, **kw) -> subprocess.Popen:
     """Start nfsh in the background (e.g. hold-and-read while restarting the
     server).  stdout/stderr are pipes (text); read with ``communicate()``."""
     e = dict(os.environ)
@@ -168,7 +172,10 @@ def nfsh_popen(url, *args, env=None, **kw) -> subprocess.Popen:
     kw.setdefault("stdout", subprocess.PIPE)
     kw.setdefault("stderr", subprocess.PIPE)
     kw.setdefault("text", True)
-    return subprocess.Popen([nfsh_binary(), str(url)] + [str(a) for a in args], env=e, **kw)
+    cmd = [nfsh_binary(), str(url)] + [str(a) for a in args]
+    if netns is not None:
+        cmd = netns.argv(cmd)
+    return subprocess.Popen(cmd, env=e, **kw)
 
 
 parse_lines = _parse_lines

@@ -367,3 +367,29 @@ def test_e2e_hold_and_read_survives_ganesha_restart(tmp_path):
     assert len({a["fnv1a"] for a in attempts if a["ok"]}) == 1
     # at least one read spanned the outage (high latency) or failed
     assert max(a["latency"] for a in attempts) > 0.5 or summary["failed"] > 0, attempts
+
+
+def test_e2e_tools_inside_netns_against_ganesha(tmp_path):
+    """nfsh / fio / nfs-ls with netns=: how tests reach a Nasd(netns=ns)."""
+    Ganesha = _ganesha_cls()
+    try:
+        from rig.netns import Netns
+    except ImportError:
+        pytest.skip("rig/netns.py not available")
+    export = tmp_path / "exp"
+    export.mkdir()
+    (export / "f").write_bytes(pattern_bytes(4096, 1))
+    with Netns() as ns, Ganesha(export, netns=ns) as g:
+        url = _v3_url(g)
+        # not reachable from the host namespace ...
+        with pytest.raises(NfshError):
+            nfsh(url, "stat", "/f", env={"NFSH_TIMEOUT_MS": 3000}, timeout=60)
+        # ... but from inside
+        assert nfsh(url, "stat", "/f", netns=ns)["size"] == 4096
+        assert nfsh(url, "verify-pattern", "/f", 4096, 1, netns=ns)["ok"]
+        names = [e["name"] for e in libnfs_tools.nfs_ls(url, netns=ns)]
+        assert "f" in names
+        furl = f"nfs://127.0.0.1{g.export_path}?nfsport={g.port}&mountport={g.mount_port}"
+        out = run_fio(["--name=w", "--rw=write", "--bs=128k", "--size=1m", "--ioengine=nfs",
+                       f"--nfs_url={furl}", "--filename=fio.dat"], timeout=120, netns=ns)
+        assert out["jobs"][0]["write"]["io_bytes"] == 1024 * 1024
