@@ -1,0 +1,665 @@
+//! The local-directory backend: exports a directory of a Linux filesystem.
+//!
+//! Objects are named by the kernel's own persistent file handles (`name_to_handle_at`),
+//! which survive renames and server restarts and go stale only when the inode is gone.
+//! Lookups never follow symlinks and never cross into another filesystem, and `..` at the
+//! export root is the root itself, so no name reaches outside the export. Wire handles
+//! are authenticated one layer up, so a forged handle never reaches `open_by_handle_at`.
+
+mod cache;
+pub mod creds;
+mod sys;
+
+use crate::vfs::*;
+use cache::{CachedObject, ObjectCache};
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+#[derive(Debug, Clone)]
+pub struct LocalConfig {
+    pub path: PathBuf,
+    /// Reported as the filesystem id of every object in this export.
+    pub fsid: u64,
+    /// `sync`: stable writes and namespace changes are on disk before the reply.
+    pub sync: bool,
+    /// Open objects kept in the cache.
+    pub cache_capacity: usize,
+}
+
+pub struct LocalFs {
+    root_fd: OwnedFd,
+    root_id: ObjectId,
+    root_dev: u64,
+    root_ino: u64,
+    fsid: u64,
+    sync: bool,
+    verifier: [u8; 8],
+    cache: ObjectCache,
+}
+
+const R: u32 = 4;
+const W: u32 = 2;
+const X: u32 = 1;
+
+/// Mode-bit permission check, as the kernel does it for a process with `cred`.
+fn may(cred: &Cred, attr: &Attr, want: u32) -> bool {
+    if cred.uid == 0 {
+        // Root may do anything except execute a file nobody may execute.
+        return want & X == 0 || attr.kind == FileKind::Directory || attr.mode & 0o111 != 0;
+    }
+    let bits = if cred.uid == attr.uid {
+        (attr.mode >> 6) & 7
+    } else if cred.in_group(attr.gid) {
+        (attr.mode >> 3) & 7
+    } else {
+        attr.mode & 7
+    };
+    bits & want == want
+}
+
+/// READ and WRITE permission as knfsd grants it: the owner may always read and write its
+/// own file (a file created with mode 0444 must still accept the data that follows), and a
+/// file that may be executed may be read.
+fn may_io(cred: &Cred, attr: &Attr, want: u32) -> bool {
+    cred.uid == attr.uid || may(cred, attr, want) || (want == R && may(cred, attr, X))
+}
+
+fn is_dot_or_dotdot(name: &[u8]) -> bool {
+    name == b"." || name == b".."
+}
+
+fn timespec(t: SetTime) -> libc::timespec {
+    match t {
+        SetTime::Unchanged => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
+        SetTime::ServerNow => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW },
+        SetTime::Client(t) => libc::timespec { tv_sec: t.sec, tv_nsec: t.nsec.min(999_999_999) as i64 },
+    }
+}
+
+impl LocalFs {
+    pub fn open(cfg: &LocalConfig) -> anyhow::Result<Self> {
+        use anyhow::Context;
+        let c = CString::new(cfg.path.as_os_str().as_encoded_bytes()).context("export path contains NUL")?;
+        // A real (not O_PATH) descriptor: open_by_handle_at needs one as its mount fd.
+        let root_fd = sys::openat(libc::AT_FDCWD, &c, libc::O_RDONLY | libc::O_DIRECTORY, 0)
+            .map_err(|e| anyhow::anyhow!("cannot open export directory {}: {e}", cfg.path.display()))?;
+        let st = sys::fstat(root_fd.as_raw_fd()).map_err(|e| anyhow::anyhow!("stat {}: {e}", cfg.path.display()))?;
+        let root_id = sys::name_to_handle(root_fd.as_raw_fd(), &CString::default(), libc::AT_EMPTY_PATH).map_err(|e| {
+            anyhow::anyhow!("{}: the filesystem does not provide persistent file handles ({e})", cfg.path.display())
+        })?;
+        creds::become_root();
+        sys::open_by_handle(root_fd.as_raw_fd(), &root_id, libc::O_PATH).map_err(|e| {
+            anyhow::anyhow!(
+                "{}: cannot open objects by handle ({e}); nasd needs root (CAP_DAC_READ_SEARCH) to serve a directory",
+                cfg.path.display()
+            )
+        })?;
+        let mut verifier = [0u8; 8];
+        rand::Rng::fill(&mut rand::thread_rng(), &mut verifier);
+        Ok(Self {
+            root_fd,
+            root_id,
+            root_dev: st.st_dev,
+            root_ino: st.st_ino,
+            fsid: cfg.fsid,
+            sync: cfg.sync,
+            verifier,
+            cache: ObjectCache::new(cfg.cache_capacity),
+        })
+    }
+
+    pub fn path_is_dir(path: &Path) -> bool {
+        path.is_dir()
+    }
+
+    /// Runs `f` with full privileges, then returns to the caller's identity.
+    fn as_root<T>(&self, cred: &Cred, f: impl FnOnce() -> T) -> T {
+        creds::become_root();
+        let r = f();
+        creds::become_user(cred);
+        r
+    }
+
+    fn object(&self, cred: &Cred, id: &ObjectId) -> VfsResult<Arc<CachedObject>> {
+        if let Some(o) = self.cache.get(id) {
+            return Ok(o);
+        }
+        let fd = self.as_root(cred, || sys::open_by_handle(self.root_fd.as_raw_fd(), id, libc::O_PATH))?;
+        let st = sys::fstat(fd.as_raw_fd())?;
+        if st.st_dev != self.root_dev {
+            return Err(VfsError::Stale);
+        }
+        Ok(self.cache.insert(*id, CachedObject::new(fd)))
+    }
+
+    fn stat(&self, obj: &CachedObject) -> VfsResult<Attr> {
+        let st = sys::fstat(obj.path_fd.as_raw_fd())?;
+        if st.st_nlink == 0 {
+            return Err(VfsError::Stale);
+        }
+        Ok(sys::attr_from_stat(&st, self.fsid))
+    }
+
+    /// Switches to `cred`, then finds the object and its current attributes.
+    fn resolve(&self, cred: &Cred, id: &ObjectId) -> VfsResult<(Arc<CachedObject>, Attr)> {
+        creds::become_user(cred);
+        let obj = self.object(cred, id)?;
+        match self.stat(&obj) {
+            Err(VfsError::Stale) => {
+                self.cache.remove(id);
+                Err(VfsError::Stale)
+            }
+            Err(e) => Err(e),
+            Ok(a) => Ok((obj, a)),
+        }
+    }
+
+    fn resolve_dir(&self, cred: &Cred, id: &ObjectId) -> VfsResult<(Arc<CachedObject>, Attr)> {
+        let (o, a) = self.resolve(cred, id)?;
+        if a.kind != FileKind::Directory {
+            return Err(VfsError::NotDir);
+        }
+        Ok((o, a))
+    }
+
+    /// A descriptor open for I/O: read-write for files (read-only if that is all the
+    /// filesystem allows), read-only for directories. Opened once, as root; callers check
+    /// permissions first.
+    fn io_fd(&self, cred: &Cred, obj: &CachedObject, attr: &Attr) -> VfsResult<Arc<OwnedFd>> {
+        let mut slot = obj.io_fd.lock();
+        if let Some(fd) = slot.as_ref() {
+            return Ok(fd.clone());
+        }
+        let path = sys::proc_fd_path(obj.path_fd.as_raw_fd());
+        let fd = self.as_root(cred, || {
+            if attr.kind == FileKind::Directory {
+                sys::openat(libc::AT_FDCWD, &path, libc::O_RDONLY | libc::O_DIRECTORY, 0)
+            } else {
+                sys::openat(libc::AT_FDCWD, &path, libc::O_RDWR | libc::O_NOFOLLOW, 0)
+                    .or_else(|_| sys::openat(libc::AT_FDCWD, &path, libc::O_RDONLY | libc::O_NOFOLLOW, 0))
+            }
+        })?;
+        let fd = Arc::new(fd);
+        *slot = Some(fd.clone());
+        Ok(fd)
+    }
+
+    fn is_root(&self, attr: &Attr) -> bool {
+        attr.fileid == self.root_ino
+    }
+
+    /// Opens `name` in `dir` without following symlinks; refuses other filesystems.
+    fn open_entry(&self, dir: &CachedObject, name: &CString) -> VfsResult<(ObjectId, Attr, OwnedFd)> {
+        let fd = sys::openat(dir.path_fd.as_raw_fd(), name, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+        let st = sys::fstat(fd.as_raw_fd())?;
+        if st.st_dev != self.root_dev {
+            // A mount point inside the export: not crossed.
+            return Err(VfsError::Access);
+        }
+        let id = sys::name_to_handle(fd.as_raw_fd(), &CString::default(), libc::AT_EMPTY_PATH)?;
+        Ok((id, sys::attr_from_stat(&st, self.fsid), fd))
+    }
+
+    fn lookup_entry(&self, dir: &CachedObject, dir_attr: &Attr, name: &[u8]) -> VfsResult<(ObjectId, Attr)> {
+        if name == b".." && self.is_root(dir_attr) {
+            // Never above the export root: `..` of the root is the root.
+            return Ok((self.root_id, dir_attr.clone()));
+        }
+        let c = if is_dot_or_dotdot(name) { CString::new(name).expect("no NUL") } else { sys::component(name)? };
+        let (id, attr, fd) = self.open_entry(dir, &c)?;
+        self.cache.insert(id, CachedObject::new(fd));
+        Ok((id, attr))
+    }
+
+    /// In `sync` mode, makes a directory's changed entries durable.
+    fn commit_dir(&self, cred: &Cred, dir: &CachedObject, attr: &Attr) -> VfsResult<()> {
+        if self.sync {
+            let fd = self.io_fd(cred, dir, attr)?;
+            sys::fsync(&fd)?;
+        }
+        Ok(())
+    }
+
+    fn dir_wcc(&self, dir: &CachedObject, before: &Attr) -> Wcc {
+        Wcc { before: Some(PreOpAttr::from(before)), after: self.stat(dir).ok() }
+    }
+
+    /// Applies ownership, mode and times (not size) under the caller's identity.
+    fn apply_attrs(&self, fd: &OwnedFd, kind: FileKind, attrs: &SetAttrs) -> VfsResult<()> {
+        let raw = fd.as_raw_fd();
+        if attrs.uid.is_some() || attrs.gid.is_some() {
+            sys::chown_fd(raw, attrs.uid, attrs.gid)?;
+        }
+        if let Some(mode) = attrs.mode {
+            if kind != FileKind::Symlink {
+                sys::chmod_fd(raw, mode & 0o7777)?;
+            }
+        }
+        if attrs.atime != SetTime::Unchanged || attrs.mtime != SetTime::Unchanged {
+            sys::utimens_fd(raw, &[timespec(attrs.atime), timespec(attrs.mtime)])?;
+        }
+        Ok(())
+    }
+
+    /// Finishes a create-like operation: caches the new object, applies attributes and
+    /// makes the directory durable.
+    fn finish_create(
+        &self,
+        cred: &Cred,
+        dir: &CachedObject,
+        dir_before: &Attr,
+        name: &CString,
+        attrs: Option<&SetAttrs>,
+    ) -> VfsResult<Created> {
+        let (id, mut attr, fd) = self.open_entry(dir, name)?;
+        if let Some(attrs) = attrs {
+            // Mode was given at creation; ownership and times may still need setting.
+            let rest = SetAttrs {
+                mode: None,
+                uid: attrs.uid.filter(|&u| u != attr.uid),
+                gid: attrs.gid.filter(|&g| g != attr.gid),
+                ..attrs.clone()
+            };
+            if rest != SetAttrs::default() {
+                self.apply_attrs(&fd, attr.kind, &rest)?;
+                attr = sys::attr_from_stat(&sys::fstat(fd.as_raw_fd())?, self.fsid);
+            }
+        }
+        self.cache.insert(id, CachedObject::new(fd));
+        self.commit_dir(cred, dir, dir_before)?;
+        Ok(Created { obj: id, attr, dir_wcc: self.dir_wcc(dir, dir_before) })
+    }
+
+    fn evict_name(&self, dir: &CachedObject, name: &CString) {
+        if let Ok(id) = sys::name_to_handle(dir.path_fd.as_raw_fd(), name, 0) {
+            self.cache.remove(&id);
+        }
+    }
+}
+
+impl Vfs for LocalFs {
+    fn root(&self) -> ObjectId {
+        self.root_id
+    }
+
+    fn getattr(&self, cred: &Cred, obj: &ObjectId) -> VfsResult<Attr> {
+        self.resolve(cred, obj).map(|(_, a)| a)
+    }
+
+    fn setattr(&self, cred: &Cred, id: &ObjectId, attrs: &SetAttrs, guard_ctime: Option<Timespec>) -> VfsResult<Wcc> {
+        let (obj, before) = self.resolve(cred, id)?;
+        if let Some(ct) = guard_ctime {
+            if ct != before.ctime {
+                return Err(VfsError::NotSync);
+            }
+        }
+        if let Some(size) = attrs.size {
+            match before.kind {
+                FileKind::Regular => {}
+                FileKind::Directory => return Err(VfsError::IsDir),
+                _ => return Err(VfsError::Inval),
+            }
+            if !may_io(cred, &before, W) {
+                return Err(VfsError::Access);
+            }
+            let fd = self.io_fd(cred, &obj, &before)?;
+            sys::ftruncate(&fd, size)?;
+        }
+        self.apply_attrs(&obj.path_fd, before.kind, &SetAttrs { size: None, ..attrs.clone() })?;
+        if self.sync && matches!(before.kind, FileKind::Regular | FileKind::Directory) {
+            sys::fsync(&*self.io_fd(cred, &obj, &before)?)?;
+        }
+        Ok(Wcc { before: Some(PreOpAttr::from(&before)), after: self.stat(&obj).ok() })
+    }
+
+    fn lookup(&self, cred: &Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<(ObjectId, Attr)> {
+        let (dobj, dattr) = self.resolve_dir(cred, dir)?;
+        self.lookup_entry(&dobj, &dattr, name)
+    }
+
+    fn access(&self, cred: &Cred, id: &ObjectId, mask: u32) -> VfsResult<(u32, Attr)> {
+        let (_, attr) = self.resolve(cred, id)?;
+        let mut granted = 0;
+        if may(cred, &attr, R) {
+            granted |= access::READ;
+        }
+        if may(cred, &attr, W) {
+            granted |= access::MODIFY | access::EXTEND;
+            if attr.kind == FileKind::Directory {
+                granted |= access::DELETE;
+            }
+        }
+        if may(cred, &attr, X) {
+            granted |= if attr.kind == FileKind::Directory { access::LOOKUP } else { access::EXECUTE };
+        }
+        Ok((granted & mask, attr))
+    }
+
+    fn readlink(&self, cred: &Cred, id: &ObjectId) -> VfsResult<(Vec<u8>, Attr)> {
+        let (obj, attr) = self.resolve(cred, id)?;
+        if attr.kind != FileKind::Symlink {
+            return Err(VfsError::Inval);
+        }
+        Ok((sys::readlinkat(obj.path_fd.as_raw_fd())?, attr))
+    }
+
+    fn read(&self, cred: &Cred, id: &ObjectId, offset: u64, buf: &mut [u8]) -> VfsResult<ReadResult> {
+        let (obj, attr) = self.resolve(cred, id)?;
+        match attr.kind {
+            FileKind::Regular => {}
+            FileKind::Directory => return Err(VfsError::IsDir),
+            _ => return Err(VfsError::Inval),
+        }
+        if !may_io(cred, &attr, R) {
+            return Err(VfsError::Access);
+        }
+        let fd = self.io_fd(cred, &obj, &attr)?;
+        let count = if offset >= attr.size { 0 } else { sys::pread(&fd, buf, offset)? };
+        let eof = offset.saturating_add(count as u64) >= attr.size;
+        Ok(ReadResult { count, eof, attr })
+    }
+
+    fn write(&self, cred: &Cred, id: &ObjectId, offset: u64, data: &[u8], stable: Stability) -> VfsResult<WriteResult> {
+        let (obj, before) = self.resolve(cred, id)?;
+        match before.kind {
+            FileKind::Regular => {}
+            FileKind::Directory => return Err(VfsError::IsDir),
+            _ => return Err(VfsError::Inval),
+        }
+        if !may_io(cred, &before, W) {
+            return Err(VfsError::Access);
+        }
+        if offset.checked_add(data.len() as u64).map_or(true, |end| end > i64::MAX as u64) {
+            return Err(VfsError::FBig);
+        }
+        let fd = self.io_fd(cred, &obj, &before)?;
+        let (flags, committed) = match (self.sync, stable) {
+            (false, _) => (0, Stability::FileSync),
+            (true, Stability::Unstable) => (0, Stability::Unstable),
+            (true, Stability::DataSync) => (libc::RWF_DSYNC, Stability::DataSync),
+            (true, Stability::FileSync) => (libc::RWF_SYNC, Stability::FileSync),
+        };
+        let count = sys::pwrite(&fd, data, offset, flags)?;
+        Ok(WriteResult { count, committed, wcc: Wcc { before: Some(PreOpAttr::from(&before)), after: self.stat(&obj).ok() } })
+    }
+
+    fn commit(&self, cred: &Cred, id: &ObjectId, _offset: u64, _count: u64) -> VfsResult<Wcc> {
+        let (obj, before) = self.resolve(cred, id)?;
+        if self.sync && before.kind == FileKind::Regular {
+            sys::fdatasync(&*self.io_fd(cred, &obj, &before)?)?;
+        }
+        Ok(Wcc { before: Some(PreOpAttr::from(&before)), after: self.stat(&obj).ok() })
+    }
+
+    fn create(&self, cred: &Cred, dir: &ObjectId, name: &[u8], how: &CreateHow) -> VfsResult<Created> {
+        let (dobj, dattr) = self.resolve_dir(cred, dir)?;
+        if is_dot_or_dotdot(name) {
+            return Err(VfsError::Exist);
+        }
+        let c = sys::component(name)?;
+        let dfd = dobj.path_fd.as_raw_fd();
+        let excl = libc::O_CREAT | libc::O_EXCL | libc::O_RDWR;
+        match how {
+            CreateHow::Unchecked(attrs) | CreateHow::Guarded(attrs) => {
+                let mode = attrs.mode.unwrap_or(0o644) & 0o7777;
+                match sys::openat(dfd, &c, excl, mode) {
+                    Ok(fd) => {
+                        drop(fd);
+                        self.finish_create(cred, &dobj, &dattr, &c, Some(attrs))
+                    }
+                    Err(VfsError::Exist) if matches!(how, CreateHow::Unchecked(_)) => {
+                        // UNCHECKED on an existing file opens it, applying only the size.
+                        let (id, attr, fd) = self.open_entry(&dobj, &c)?;
+                        if attr.kind != FileKind::Regular {
+                            return Err(VfsError::Exist);
+                        }
+                        self.cache.insert(id, CachedObject::new(fd));
+                        let attr = match attrs.size {
+                            Some(size) => {
+                                let sa = SetAttrs { size: Some(size), ..Default::default() };
+                                self.setattr(cred, &id, &sa, None)?.after.unwrap_or(attr)
+                            }
+                            None => attr,
+                        };
+                        Ok(Created { obj: id, attr, dir_wcc: self.dir_wcc(&dobj, &dattr) })
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            CreateHow::Exclusive(verf) => {
+                let a = u32::from_be_bytes(verf[..4].try_into().expect("4")) as i64;
+                let m = u32::from_be_bytes(verf[4..].try_into().expect("4")) as i64;
+                match sys::openat(dfd, &c, excl, 0) {
+                    Ok(fd) => {
+                        // The verifier lives in atime/mtime until the client's SETATTR.
+                        let times = [libc::timespec { tv_sec: a, tv_nsec: 0 }, libc::timespec { tv_sec: m, tv_nsec: 0 }];
+                        sys::utimens_fd(fd.as_raw_fd(), &times)?;
+                        drop(fd);
+                        self.finish_create(cred, &dobj, &dattr, &c, None)
+                    }
+                    Err(VfsError::Exist) => {
+                        let (id, attr, fd) = self.open_entry(&dobj, &c)?;
+                        let same = attr.kind == FileKind::Regular && attr.atime.sec == a && attr.mtime.sec == m;
+                        if !same {
+                            return Err(VfsError::Exist);
+                        }
+                        self.cache.insert(id, CachedObject::new(fd));
+                        Ok(Created { obj: id, attr, dir_wcc: self.dir_wcc(&dobj, &dattr) })
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        }
+    }
+
+    fn mkdir(&self, cred: &Cred, dir: &ObjectId, name: &[u8], attrs: &SetAttrs) -> VfsResult<Created> {
+        let (dobj, dattr) = self.resolve_dir(cred, dir)?;
+        if is_dot_or_dotdot(name) {
+            return Err(VfsError::Exist);
+        }
+        let c = sys::component(name)?;
+        let mode = attrs.mode.unwrap_or(0o755) & 0o7777;
+        // SAFETY: valid C string and fd.
+        if unsafe { libc::mkdirat(dobj.path_fd.as_raw_fd(), c.as_ptr(), mode) } < 0 {
+            return Err(sys::last_err());
+        }
+        self.finish_create(cred, &dobj, &dattr, &c, Some(attrs))
+    }
+
+    fn symlink(&self, cred: &Cred, dir: &ObjectId, name: &[u8], target: &[u8], attrs: &SetAttrs) -> VfsResult<Created> {
+        let (dobj, dattr) = self.resolve_dir(cred, dir)?;
+        if is_dot_or_dotdot(name) {
+            return Err(VfsError::Exist);
+        }
+        let c = sys::component(name)?;
+        if target.is_empty() || target.len() >= libc::PATH_MAX as usize {
+            return Err(if target.is_empty() { VfsError::Inval } else { VfsError::NameTooLong });
+        }
+        let t = CString::new(target).map_err(|_| VfsError::Inval)?;
+        // SAFETY: valid C strings and fd.
+        if unsafe { libc::symlinkat(t.as_ptr(), dobj.path_fd.as_raw_fd(), c.as_ptr()) } < 0 {
+            return Err(sys::last_err());
+        }
+        let attrs = SetAttrs { mode: None, ..attrs.clone() };
+        self.finish_create(cred, &dobj, &dattr, &c, Some(&attrs))
+    }
+
+    fn mknod(&self, cred: &Cred, dir: &ObjectId, name: &[u8], node: SpecialNode, attrs: &SetAttrs) -> VfsResult<Created> {
+        let (dobj, dattr) = self.resolve_dir(cred, dir)?;
+        if is_dot_or_dotdot(name) {
+            return Err(VfsError::Exist);
+        }
+        let c = sys::component(name)?;
+        let perm = attrs.mode.unwrap_or(0o644) & 0o7777;
+        let (kind, dev) = match node {
+            SpecialNode::Fifo => (libc::S_IFIFO, 0),
+            SpecialNode::Socket => (libc::S_IFSOCK, 0),
+            SpecialNode::CharDevice(ma, mi) => (libc::S_IFCHR, libc::makedev(ma, mi)),
+            SpecialNode::BlockDevice(ma, mi) => (libc::S_IFBLK, libc::makedev(ma, mi)),
+        };
+        // SAFETY: valid C string and fd; the kernel enforces CAP_MKNOD for devices.
+        if unsafe { libc::mknodat(dobj.path_fd.as_raw_fd(), c.as_ptr(), kind | perm, dev) } < 0 {
+            return Err(sys::last_err());
+        }
+        self.finish_create(cred, &dobj, &dattr, &c, Some(attrs))
+    }
+
+    fn remove(&self, cred: &Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<Wcc> {
+        let (dobj, dattr) = self.resolve_dir(cred, dir)?;
+        if is_dot_or_dotdot(name) {
+            return Err(VfsError::Inval);
+        }
+        let c = sys::component(name)?;
+        self.evict_name(&dobj, &c);
+        // SAFETY: valid C string and fd.
+        if unsafe { libc::unlinkat(dobj.path_fd.as_raw_fd(), c.as_ptr(), 0) } < 0 {
+            return Err(sys::last_err());
+        }
+        self.commit_dir(cred, &dobj, &dattr)?;
+        Ok(self.dir_wcc(&dobj, &dattr))
+    }
+
+    fn rmdir(&self, cred: &Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<Wcc> {
+        let (dobj, dattr) = self.resolve_dir(cred, dir)?;
+        match name {
+            b"." => return Err(VfsError::Inval),
+            b".." => return Err(VfsError::NotEmpty),
+            _ => {}
+        }
+        let c = sys::component(name)?;
+        self.evict_name(&dobj, &c);
+        // SAFETY: valid C string and fd.
+        if unsafe { libc::unlinkat(dobj.path_fd.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) } < 0 {
+            return Err(sys::last_err());
+        }
+        self.commit_dir(cred, &dobj, &dattr)?;
+        Ok(self.dir_wcc(&dobj, &dattr))
+    }
+
+    fn rename(&self, cred: &Cred, from_dir: &ObjectId, from: &[u8], to_dir: &ObjectId, to: &[u8]) -> VfsResult<(Wcc, Wcc)> {
+        let (fobj, fattr) = self.resolve_dir(cred, from_dir)?;
+        let (tobj, tattr) = self.resolve_dir(cred, to_dir)?;
+        if is_dot_or_dotdot(from) || is_dot_or_dotdot(to) {
+            return Err(VfsError::Inval);
+        }
+        let fc = sys::component(from)?;
+        let tc = sys::component(to)?;
+        self.evict_name(&tobj, &tc);
+        // SAFETY: valid C strings and fds.
+        if unsafe { libc::renameat(fobj.path_fd.as_raw_fd(), fc.as_ptr(), tobj.path_fd.as_raw_fd(), tc.as_ptr()) } < 0 {
+            return Err(sys::last_err());
+        }
+        self.commit_dir(cred, &tobj, &tattr)?;
+        if fattr.fileid != tattr.fileid {
+            self.commit_dir(cred, &fobj, &fattr)?;
+        }
+        Ok((self.dir_wcc(&fobj, &fattr), self.dir_wcc(&tobj, &tattr)))
+    }
+
+    fn link(&self, cred: &Cred, id: &ObjectId, dir: &ObjectId, name: &[u8]) -> VfsResult<(Attr, Wcc)> {
+        let (obj, attr) = self.resolve(cred, id)?;
+        let (dobj, dattr) = self.resolve_dir(cred, dir)?;
+        if attr.kind == FileKind::Directory {
+            return Err(VfsError::IsDir);
+        }
+        if is_dot_or_dotdot(name) {
+            return Err(VfsError::Exist);
+        }
+        let c = sys::component(name)?;
+        let src = sys::proc_fd_path(obj.path_fd.as_raw_fd());
+        // SAFETY: valid C strings and fds; following the /proc link names the object itself.
+        let r = unsafe {
+            libc::linkat(libc::AT_FDCWD, src.as_ptr(), dobj.path_fd.as_raw_fd(), c.as_ptr(), libc::AT_SYMLINK_FOLLOW)
+        };
+        if r < 0 {
+            return Err(sys::last_err());
+        }
+        self.commit_dir(cred, &dobj, &dattr)?;
+        Ok((self.stat(&obj)?, self.dir_wcc(&dobj, &dattr)))
+    }
+
+    fn readdir(
+        &self,
+        cred: &Cred,
+        dir: &ObjectId,
+        cookie: u64,
+        plus: bool,
+        accept: &mut dyn FnMut(DirEntry<'_>) -> bool,
+    ) -> VfsResult<ReadDirEnd> {
+        let (dobj, dattr) = self.resolve_dir(cred, dir)?;
+        // Opened as the caller so the kernel checks read permission on the directory.
+        let fd = sys::openat(dobj.path_fd.as_raw_fd(), &CString::new(".").expect("no NUL"), libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+        if cookie != 0 {
+            sys::lseek_set(&fd, cookie).map_err(|_| VfsError::BadCookie)?;
+        }
+        let at_root = self.is_root(&dattr);
+        let mut buf = vec![0u8; 32 * 1024];
+        loop {
+            let n = sys::getdents(&fd, &mut buf)?;
+            if n == 0 {
+                return Ok(ReadDirEnd { eof: true, dir_attr: dattr });
+            }
+            for ent in sys::parse_dirents(&buf[..n]) {
+                let (fileid, extra) = match ent.name {
+                    b"." => (dattr.fileid, plus.then(|| (*dir, dattr.clone()))),
+                    b".." if at_root => (dattr.fileid, plus.then(|| (self.root_id, dattr.clone()))),
+                    name => {
+                        let extra = if plus { self.entry_plus(&fd, name) } else { None };
+                        (extra.as_ref().map_or(ent.ino, |(_, a)| a.fileid), extra)
+                    }
+                };
+                if !accept(DirEntry { name: ent.name, fileid, cookie: ent.off, plus: extra }) {
+                    return Ok(ReadDirEnd { eof: false, dir_attr: dattr });
+                }
+            }
+        }
+    }
+
+    fn fsstat(&self, cred: &Cred, id: &ObjectId) -> VfsResult<(FsStat, Attr)> {
+        let (obj, attr) = self.resolve(cred, id)?;
+        let s = sys::statvfs(obj.path_fd.as_raw_fd())?;
+        let frsize = s.f_frsize;
+        Ok((
+            FsStat {
+                total_bytes: s.f_blocks * frsize,
+                free_bytes: s.f_bfree * frsize,
+                avail_bytes: s.f_bavail * frsize,
+                total_files: s.f_files,
+                free_files: s.f_ffree,
+                avail_files: s.f_favail,
+            },
+            attr,
+        ))
+    }
+
+    fn pathconf(&self) -> PathConf {
+        PathConf {
+            link_max: 65000,
+            name_max: 255,
+            no_trunc: true,
+            chown_restricted: true,
+            case_insensitive: false,
+            case_preserving: true,
+        }
+    }
+
+    fn write_verifier(&self) -> [u8; 8] {
+        self.verifier
+    }
+}
+
+impl LocalFs {
+    /// Handle and attributes of a directory entry for READDIRPLUS; `None` when the entry
+    /// vanished or is a mount point (the client then looks it up).
+    fn entry_plus(&self, dir_fd: &OwnedFd, name: &[u8]) -> Option<(ObjectId, Attr)> {
+        let c = CString::new(name).ok()?;
+        let st = sys::fstatat(dir_fd.as_raw_fd(), &c).ok()?;
+        if st.st_dev != self.root_dev {
+            return None;
+        }
+        let id = sys::name_to_handle(dir_fd.as_raw_fd(), &c, 0).ok()?;
+        Some((id, sys::attr_from_stat(&st, self.fsid)))
+    }
+}

@@ -1,0 +1,294 @@
+//! Thin, checked wrappers over the Linux syscalls the local backend needs.
+
+use crate::vfs::{Attr, FileKind, ObjectId, Timespec, VfsError, VfsResult, MAX_OBJECT_ID};
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+}
+
+pub fn last_err() -> VfsError {
+    VfsError::from_errno(errno())
+}
+
+fn check(ret: libc::c_int) -> VfsResult<libc::c_int> {
+    if ret < 0 {
+        Err(last_err())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Converts a name from the wire into a C string, refusing what cannot be a single
+/// component in this directory.
+pub fn component(name: &[u8]) -> VfsResult<CString> {
+    if name.is_empty() || name.contains(&b'/') {
+        return Err(VfsError::Inval);
+    }
+    if name.len() > 255 {
+        return Err(VfsError::NameTooLong);
+    }
+    CString::new(name).map_err(|_| VfsError::Inval)
+}
+
+pub fn proc_fd_path(fd: RawFd) -> CString {
+    CString::new(format!("/proc/self/fd/{fd}")).expect("no NUL")
+}
+
+const HANDLE_BYTES_MAX: usize = MAX_OBJECT_ID - 4;
+
+#[repr(C)]
+struct FileHandle {
+    handle_bytes: u32,
+    handle_type: i32,
+    f_handle: [u8; 128],
+}
+
+/// The kernel's persistent handle of `name` relative to `dirfd` (`""` = `dirfd` itself),
+/// packed as an [`ObjectId`]: handle type (little endian) then handle bytes.
+pub fn name_to_handle(dirfd: RawFd, name: &CString, flags: libc::c_int) -> VfsResult<ObjectId> {
+    let mut fh = FileHandle { handle_bytes: 128, handle_type: 0, f_handle: [0; 128] };
+    let mut mount_id: libc::c_int = 0;
+    // SAFETY: fh is large enough for MAX_HANDLE_SZ (128) bytes as announced.
+    let r = unsafe {
+        libc::syscall(libc::SYS_name_to_handle_at, dirfd, name.as_ptr(), &mut fh as *mut FileHandle, &mut mount_id, flags)
+    };
+    if r < 0 {
+        return Err(match errno() {
+            libc::EOPNOTSUPP => VfsError::NotSupp,
+            e => VfsError::from_errno(e),
+        });
+    }
+    let n = fh.handle_bytes as usize;
+    if n > HANDLE_BYTES_MAX {
+        return Err(VfsError::NotSupp);
+    }
+    let mut raw = [0u8; MAX_OBJECT_ID];
+    raw[..4].copy_from_slice(&fh.handle_type.to_le_bytes());
+    raw[4..4 + n].copy_from_slice(&fh.f_handle[..n]);
+    Ok(ObjectId::new(&raw[..4 + n]).expect("bounded"))
+}
+
+/// Opens an object by its kernel handle. Needs CAP_DAC_READ_SEARCH.
+pub fn open_by_handle(mount_fd: RawFd, id: &ObjectId, flags: libc::c_int) -> VfsResult<OwnedFd> {
+    let raw = id.as_bytes();
+    if raw.len() < 4 {
+        return Err(VfsError::BadHandle);
+    }
+    let mut fh = FileHandle { handle_bytes: (raw.len() - 4) as u32, handle_type: 0, f_handle: [0; 128] };
+    fh.handle_type = i32::from_le_bytes(raw[..4].try_into().expect("4 bytes"));
+    fh.f_handle[..raw.len() - 4].copy_from_slice(&raw[4..]);
+    // SAFETY: fh is a valid file_handle with handle_bytes within f_handle.
+    let fd = unsafe { libc::syscall(libc::SYS_open_by_handle_at, mount_fd, &mut fh as *mut FileHandle, flags | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(match errno() {
+            libc::ESTALE | libc::ENOENT | libc::EINVAL | libc::ELOOP => VfsError::Stale,
+            e => VfsError::from_errno(e),
+        });
+    }
+    // SAFETY: a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+pub fn openat(dirfd: RawFd, name: &CString, flags: libc::c_int, mode: u32) -> VfsResult<OwnedFd> {
+    // SAFETY: valid C string; the returned fd is owned.
+    let fd = check(unsafe { libc::openat(dirfd, name.as_ptr(), flags | libc::O_CLOEXEC, mode as libc::c_uint) })?;
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+pub fn fstat(fd: RawFd) -> VfsResult<libc::stat> {
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: st is a valid out pointer.
+    check(unsafe { libc::fstat(fd, &mut st) })?;
+    Ok(st)
+}
+
+pub fn fstatat(dirfd: RawFd, name: &CString) -> VfsResult<libc::stat> {
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: st is a valid out pointer.
+    check(unsafe { libc::fstatat(dirfd, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) })?;
+    Ok(st)
+}
+
+pub fn attr_from_stat(st: &libc::stat, fsid: u64) -> Attr {
+    let kind = match st.st_mode & libc::S_IFMT {
+        libc::S_IFDIR => FileKind::Directory,
+        libc::S_IFLNK => FileKind::Symlink,
+        libc::S_IFBLK => FileKind::BlockDevice,
+        libc::S_IFCHR => FileKind::CharDevice,
+        libc::S_IFSOCK => FileKind::Socket,
+        libc::S_IFIFO => FileKind::Fifo,
+        _ => FileKind::Regular,
+    };
+    let ts = |sec: i64, nsec: i64| Timespec { sec, nsec: nsec as u32 };
+    Attr {
+        kind,
+        mode: st.st_mode & 0o7777,
+        nlink: st.st_nlink as u32,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        size: st.st_size as u64,
+        used: (st.st_blocks as u64) * 512,
+        rdev: (libc::major(st.st_rdev), libc::minor(st.st_rdev)),
+        fsid,
+        fileid: st.st_ino,
+        atime: ts(st.st_atime, st.st_atime_nsec),
+        mtime: ts(st.st_mtime, st.st_mtime_nsec),
+        ctime: ts(st.st_ctime, st.st_ctime_nsec),
+    }
+}
+
+pub fn pread(fd: &OwnedFd, buf: &mut [u8], offset: u64) -> VfsResult<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: the slice bounds the write.
+        let n = unsafe {
+            libc::pread(fd.as_raw_fd(), buf[done..].as_mut_ptr().cast(), buf.len() - done, (offset + done as u64) as i64)
+        };
+        if n < 0 {
+            if errno() == libc::EINTR {
+                continue;
+            }
+            return Err(last_err());
+        }
+        if n == 0 {
+            break;
+        }
+        done += n as usize;
+    }
+    Ok(done)
+}
+
+/// Writes all of `data`; `flags` may carry RWF_DSYNC or RWF_SYNC to make it durable in the
+/// same syscall.
+pub fn pwrite(fd: &OwnedFd, data: &[u8], offset: u64, flags: libc::c_int) -> VfsResult<usize> {
+    let mut done = 0;
+    while done < data.len() {
+        let iov = libc::iovec { iov_base: data[done..].as_ptr() as *mut _, iov_len: data.len() - done };
+        // SAFETY: one valid iovec over the remaining data.
+        let n = unsafe { libc::pwritev2(fd.as_raw_fd(), &iov, 1, (offset + done as u64) as i64, flags) };
+        if n < 0 {
+            if errno() == libc::EINTR {
+                continue;
+            }
+            return Err(last_err());
+        }
+        done += n as usize;
+    }
+    Ok(done)
+}
+
+pub fn fsync(fd: &OwnedFd) -> VfsResult<()> {
+    // SAFETY: plain syscall on an owned fd.
+    check(unsafe { libc::fsync(fd.as_raw_fd()) }).map(|_| ())
+}
+
+pub fn fdatasync(fd: &OwnedFd) -> VfsResult<()> {
+    // SAFETY: plain syscall on an owned fd.
+    check(unsafe { libc::fdatasync(fd.as_raw_fd()) }).map(|_| ())
+}
+
+pub fn ftruncate(fd: &OwnedFd, size: u64) -> VfsResult<()> {
+    // SAFETY: plain syscall on an owned fd.
+    check(unsafe { libc::ftruncate(fd.as_raw_fd(), size as i64) }).map(|_| ())
+}
+
+pub fn lseek_set(fd: &OwnedFd, pos: u64) -> VfsResult<()> {
+    if pos > i64::MAX as u64 {
+        return Err(VfsError::Inval);
+    }
+    // SAFETY: plain syscall on an owned fd.
+    let r = unsafe { libc::lseek(fd.as_raw_fd(), pos as i64, libc::SEEK_SET) };
+    if r < 0 {
+        Err(last_err())
+    } else {
+        Ok(())
+    }
+}
+
+/// One batch of raw `linux_dirent64` records; returns bytes filled (0 at the end).
+pub fn getdents(fd: &OwnedFd, buf: &mut [u8]) -> VfsResult<usize> {
+    // SAFETY: the kernel writes at most buf.len() bytes.
+    let n = unsafe { libc::syscall(libc::SYS_getdents64, fd.as_raw_fd(), buf.as_mut_ptr(), buf.len()) };
+    if n < 0 {
+        Err(last_err())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+pub struct RawDirent<'a> {
+    pub ino: u64,
+    pub off: u64,
+    pub name: &'a [u8],
+}
+
+/// Iterates the records of a getdents64 buffer.
+pub fn parse_dirents(buf: &[u8]) -> impl Iterator<Item = RawDirent<'_>> {
+    let mut pos = 0usize;
+    std::iter::from_fn(move || {
+        if pos + 19 > buf.len() {
+            return None;
+        }
+        let ino = u64::from_ne_bytes(buf[pos..pos + 8].try_into().ok()?);
+        let off = u64::from_ne_bytes(buf[pos + 8..pos + 16].try_into().ok()?);
+        let reclen = u16::from_ne_bytes(buf[pos + 16..pos + 18].try_into().ok()?) as usize;
+        if reclen < 19 || pos + reclen > buf.len() {
+            return None;
+        }
+        let raw_name = &buf[pos + 19..pos + reclen];
+        let name_len = raw_name.iter().position(|&b| b == 0).unwrap_or(raw_name.len());
+        let entry = RawDirent { ino, off, name: &raw_name[..name_len] };
+        pos += reclen;
+        Some(entry)
+    })
+}
+
+pub fn statvfs(fd: RawFd) -> VfsResult<libc::statvfs> {
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: s is a valid out pointer.
+    check(unsafe { libc::fstatvfs(fd, &mut s) })?;
+    Ok(s)
+}
+
+pub fn utimens_fd(fd: RawFd, times: &[libc::timespec; 2]) -> VfsResult<()> {
+    let empty = CString::default();
+    // SAFETY: valid pointers; AT_EMPTY_PATH acts on fd itself (works for O_PATH fds).
+    let r = unsafe { libc::utimensat(fd, empty.as_ptr(), times.as_ptr(), libc::AT_EMPTY_PATH) };
+    if r == 0 {
+        return Ok(());
+    }
+    if errno() != libc::EINVAL && errno() != libc::ENOENT {
+        return Err(last_err());
+    }
+    let path = proc_fd_path(fd);
+    // SAFETY: as above, through the descriptor's /proc link.
+    check(unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), times.as_ptr(), 0) }).map(|_| ())
+}
+
+pub fn chmod_fd(fd: RawFd, mode: u32) -> VfsResult<()> {
+    let path = proc_fd_path(fd);
+    // SAFETY: valid C string.
+    check(unsafe { libc::chmod(path.as_ptr(), mode as libc::mode_t) }).map(|_| ())
+}
+
+pub fn chown_fd(fd: RawFd, uid: Option<u32>, gid: Option<u32>) -> VfsResult<()> {
+    let empty = CString::default();
+    let u = uid.unwrap_or(u32::MAX);
+    let g = gid.unwrap_or(u32::MAX);
+    // SAFETY: valid pointers; -1 leaves an id unchanged.
+    check(unsafe { libc::fchownat(fd, empty.as_ptr(), u, g, libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW) }).map(|_| ())
+}
+
+pub fn readlinkat(fd: RawFd) -> VfsResult<Vec<u8>> {
+    let empty = CString::default();
+    let mut buf = vec![0u8; libc::PATH_MAX as usize];
+    // SAFETY: buf bounds the write; empty path reads the O_PATH symlink itself.
+    let n = unsafe { libc::readlinkat(fd, empty.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return Err(last_err());
+    }
+    buf.truncate(n as usize);
+    Ok(buf)
+}

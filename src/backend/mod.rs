@@ -1,0 +1,3 @@
+//! Storage backends implementing [`crate::vfs::Vfs`].
+
+pub mod local;

@@ -1,0 +1,240 @@
+//! Command line: `nasd serve`.
+
+use crate::exports::{parse_exports, ClientRule, ClientSpec, Export, ExportOptions, ExportTable, Squash};
+use crate::server::{Config, Server, UsageError};
+use clap::{Args, Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(name = "nasd", version, about = "A network-attached storage server (NFSv3 over a local directory)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve a directory (or the exports of an exports(5) file) over NFSv3.
+    ///
+    /// Clients mount it as "/" or by the directory's absolute path, e.g.
+    /// mount -t nfs -o vers=3,proto=tcp,port=2049,mountport=2049,mountproto=tcp,nolock 127.0.0.1:/ /mnt
+    Serve(ServeArgs),
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    /// Directory to export read-write to every client that can reach the listen address.
+    #[arg(conflicts_with = "exports")]
+    dir: Option<PathBuf>,
+    /// Address for NFS and MOUNT (TCP and UDP). Serving other hosts is a deliberate choice:
+    /// the default listens on loopback only.
+    #[arg(long, value_name = "ADDR:PORT")]
+    listen: Option<SocketAddr>,
+    /// exports(5) file with one or more exports and per-client options.
+    #[arg(long, value_name = "FILE")]
+    exports: Option<PathBuf>,
+    /// TOML configuration file (listen, portmap, state_dir, metrics, exports, [limits]).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Also answer portmapper/rpcbind queries on port 111, so clients can mount without
+    /// naming ports and without a system rpcbind.
+    #[arg(long)]
+    portmap: bool,
+    /// Port for --portmap.
+    #[arg(long, value_name = "PORT")]
+    portmap_port: Option<u16>,
+    /// Where the file-handle key is kept (default /var/lib/nasd as root). Handles stay
+    /// valid across restarts as long as this directory does.
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics.
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics: Option<SocketAddr>,
+    /// DIR mode: export read-only.
+    #[arg(long, conflicts_with = "exports")]
+    ro: bool,
+    /// DIR mode: reply to writes before they reach the disk. Faster, but a server crash
+    /// can lose data that clients were told is safe.
+    #[arg(long = "async", conflicts_with = "exports")]
+    async_writes: bool,
+    /// DIR mode: let client root act as root (default: root is mapped to --anonuid).
+    #[arg(long, conflicts_with_all = ["exports", "all_squash"])]
+    no_root_squash: bool,
+    /// DIR mode: map every user to --anonuid/--anongid.
+    #[arg(long, conflicts_with = "exports")]
+    all_squash: bool,
+    /// DIR mode: uid for squashed users.
+    #[arg(long, default_value_t = 65534, conflicts_with = "exports")]
+    anonuid: u32,
+    /// DIR mode: gid for squashed users.
+    #[arg(long, default_value_t = 65534, conflicts_with = "exports")]
+    anongid: u32,
+    /// DIR mode: accept requests only from privileged source ports (below 1024).
+    #[arg(long, conflicts_with = "exports")]
+    secure: bool,
+    /// DIR mode: clients allowed (address, CIDR, host name or wildcard); repeatable.
+    /// Default: any client that can reach the listen address.
+    #[arg(long, value_name = "SPEC", conflicts_with = "exports")]
+    allow: Vec<String>,
+    /// Requests one connection may have in flight.
+    #[arg(long, value_name = "N")]
+    max_requests_per_connection: Option<usize>,
+    /// Requests in flight across all connections (bounds memory).
+    #[arg(long, value_name = "N")]
+    max_requests_in_flight: Option<usize>,
+    /// Maximum simultaneous connections.
+    #[arg(long, value_name = "N")]
+    max_connections: Option<usize>,
+    /// Entries in the duplicate request cache.
+    #[arg(long, value_name = "N")]
+    drc_entries: Option<usize>,
+    /// Log filter (error, warn, info, debug, trace, or a tracing filter); env RUST_LOG also works.
+    #[arg(long, value_name = "FILTER", default_value = "info")]
+    log: String,
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => exit_with(serve(args)),
+    }
+}
+
+fn exit_with(r: anyhow::Result<()>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("nasd: {e:#}");
+            if e.downcast_ref::<UsageError>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+fn usage(msg: impl Into<String>) -> anyhow::Error {
+    UsageError(msg.into()).into()
+}
+
+fn build_config(args: &ServeArgs) -> anyhow::Result<Config> {
+    let mut config = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| usage(format!("{}: {e}", path.display())))?;
+            Config::from_toml(&text).map_err(|e| usage(format!("{}: {e}", path.display())))?
+        }
+        None => Config::default(),
+    };
+    if let Some(l) = args.listen {
+        config.listen = l;
+    }
+    config.portmap |= args.portmap;
+    if let Some(p) = args.portmap_port {
+        config.portmap_port = p;
+    }
+    if let Some(d) = &args.state_dir {
+        config.state_dir = Some(d.clone());
+    }
+    if let Some(m) = args.metrics {
+        config.metrics = Some(m);
+    }
+    if let Some(e) = &args.exports {
+        config.exports = Some(e.clone());
+    }
+    let l = &mut config.limits;
+    for (dst, src) in [
+        (&mut l.max_requests_per_connection, args.max_requests_per_connection),
+        (&mut l.max_requests_in_flight, args.max_requests_in_flight),
+        (&mut l.max_connections, args.max_connections),
+        (&mut l.drc_entries, args.drc_entries),
+    ] {
+        if let Some(v) = src {
+            if v == 0 {
+                return Err(usage("limits must be at least 1"));
+            }
+            *dst = v;
+        }
+    }
+    Ok(config)
+}
+
+/// The export table for `nasd serve DIR`.
+fn single_dir_exports(dir: &std::path::Path, args: &ServeArgs) -> anyhow::Result<ExportTable> {
+    let path = dir.canonicalize().map_err(|e| usage(format!("{}: {e}", dir.display())))?;
+    if !path.is_dir() {
+        return Err(usage(format!("{} is not a directory", dir.display())));
+    }
+    let options = ExportOptions {
+        read_only: args.ro,
+        sync: !args.async_writes,
+        squash: if args.all_squash {
+            Squash::All
+        } else if args.no_root_squash {
+            Squash::None
+        } else {
+            Squash::Root
+        },
+        anonuid: args.anonuid,
+        anongid: args.anongid,
+        secure: args.secure,
+    };
+    let specs = if args.allow.is_empty() { vec!["*".to_string()] } else { args.allow.clone() };
+    let mut rules = Vec::new();
+    for spec in specs {
+        // Reuse the exports(5) client syntax.
+        let line = format!("/x {spec}");
+        let t = parse_exports(&line, "--allow").map_err(|e| usage(format!("--allow {spec}: {}", e.message)))?;
+        let spec: ClientSpec = t.exports[0].rules[0].spec.clone();
+        rules.push(ClientRule { spec, options: options.clone() });
+    }
+    let id = crate::exports::export_id_for_path(&path);
+    Ok(ExportTable { exports: vec![Export { id, path, rules }] })
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    init_logging(&args.log);
+    let config = build_config(&args)?;
+    let table = match (&args.dir, &config.exports) {
+        (Some(dir), _) => single_dir_exports(dir, &args)?,
+        (None, Some(file)) => {
+            let text = std::fs::read_to_string(file).map_err(|e| usage(format!("{}: {e}", file.display())))?;
+            let mut table = parse_exports(&text, &file.display().to_string()).map_err(|e| usage(e.to_string()))?;
+            for e in &mut table.exports {
+                e.path = e.path.canonicalize().map_err(|err| usage(format!("{}: export {}: {err}", file.display(), e.path.display())))?;
+            }
+            table
+        }
+        (None, None) => return Err(usage("nothing to serve: give a directory or --exports FILE (see nasd serve --help)")),
+    };
+    // New files get exactly the mode the client asked for.
+    // SAFETY: umask has no preconditions.
+    unsafe { libc::umask(0) };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .max_blocking_threads(64)
+        .thread_name("nasd")
+        .build()?;
+    runtime.block_on(async move {
+        let server = Server::bind(&config, table).await?;
+        server.run(shutdown_signal()).await
+    })
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("signal handler");
+    let mut int = signal(SignalKind::interrupt()).expect("signal handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+fn init_logging(filter: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = std::env::var("RUST_LOG").ok().map(EnvFilter::new).unwrap_or_else(|| EnvFilter::new(filter));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}

@@ -1,0 +1,250 @@
+//! Exports and access control: which client may see which directory, with what options
+//! (exports(5)), and how credentials are squashed.
+
+mod parse;
+mod squash;
+
+pub use parse::{parse_exports, ExportsError};
+pub use squash::squash;
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Squash {
+    None,
+    Root,
+    All,
+}
+
+/// Per-client export options (exports(5) names in comments).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportOptions {
+    /// `ro` / `rw`
+    pub read_only: bool,
+    /// `sync` / `async`
+    pub sync: bool,
+    /// `no_root_squash` / `root_squash` / `all_squash`
+    pub squash: Squash,
+    pub anonuid: u32,
+    pub anongid: u32,
+    /// `secure`: requests must come from a port below 1024.
+    pub secure: bool,
+}
+
+impl Default for ExportOptions {
+    /// The exports(5) defaults.
+    fn default() -> Self {
+        Self { read_only: true, sync: true, squash: Squash::Root, anonuid: 65534, anongid: 65534, secure: true }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientSpec {
+    Anyone,
+    Address(IpAddr),
+    Network(IpAddr, u8),
+    /// A host name, with the addresses it resolved to when the exports were loaded.
+    Host(String, Vec<IpAddr>),
+    /// A pattern with `*` and `?`, matched against the client's reverse-resolved name.
+    Wildcard(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientRule {
+    pub spec: ClientSpec,
+    pub options: ExportOptions,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Export {
+    /// Stable identity, carried in file handles: `fsid=` or derived from the path.
+    pub id: u32,
+    pub path: PathBuf,
+    pub rules: Vec<ClientRule>,
+}
+
+pub fn export_id_for_path(path: &std::path::Path) -> u32 {
+    let h = blake3::hash(path.as_os_str().as_encoded_bytes());
+    u32::from_le_bytes(h.as_bytes()[..4].try_into().expect("4 bytes")) | 1
+}
+
+fn ip_in_network(ip: IpAddr, net: IpAddr, prefix: u8) -> bool {
+    match (ip, net) {
+        (IpAddr::V4(a), IpAddr::V4(n)) => {
+            let p = prefix.min(32) as u32;
+            let mask = if p == 0 { 0 } else { u32::MAX << (32 - p) };
+            u32::from(a) & mask == u32::from(n) & mask
+        }
+        (IpAddr::V6(a), IpAddr::V6(n)) => {
+            let p = prefix.min(128) as u32;
+            let mask = if p == 0 { 0 } else { u128::MAX << (128 - p) };
+            u128::from(a) & mask == u128::from(n) & mask
+        }
+        _ => false,
+    }
+}
+
+fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
+    match (pattern.first(), text.first()) {
+        (None, None) => true,
+        (Some(b'*'), _) => glob_match(&pattern[1..], text) || (!text.is_empty() && glob_match(pattern, &text[1..])),
+        (Some(b'?'), Some(_)) => glob_match(&pattern[1..], &text[1..]),
+        (Some(p), Some(t)) if p.eq_ignore_ascii_case(t) => glob_match(&pattern[1..], &text[1..]),
+        _ => false,
+    }
+}
+
+/// Reverse-resolves a client address (for wildcard rules only).
+fn reverse_name(ip: IpAddr) -> Option<String> {
+    use std::ffi::CStr;
+    let sa: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut sa = sa;
+    let len = match ip {
+        IpAddr::V4(v4) => {
+            let sin = unsafe { &mut *(&mut sa as *mut _ as *mut libc::sockaddr_in) };
+            sin.sin_family = libc::AF_INET as u16;
+            sin.sin_addr.s_addr = u32::from(v4).to_be();
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        IpAddr::V6(v6) => {
+            let sin6 = unsafe { &mut *(&mut sa as *mut _ as *mut libc::sockaddr_in6) };
+            sin6.sin6_family = libc::AF_INET6 as u16;
+            sin6.sin6_addr.s6_addr = v6.octets();
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    let mut host = [0 as libc::c_char; 256];
+    // SAFETY: valid sockaddr of `len` bytes and output buffer.
+    let r = unsafe {
+        libc::getnameinfo(&sa as *const _ as *const libc::sockaddr, len as u32, host.as_mut_ptr(), 256, std::ptr::null_mut(), 0, libc::NI_NAMEREQD)
+    };
+    if r != 0 {
+        return None;
+    }
+    Some(unsafe { CStr::from_ptr(host.as_ptr()) }.to_string_lossy().into_owned())
+}
+
+impl Export {
+    /// The options for a client, or `None` if no rule admits it. The most specific rule
+    /// wins, as in knfsd: address or host, then wildcard, then the longest network, then
+    /// `*`.
+    pub fn options_for(&self, client: IpAddr) -> Option<&ExportOptions> {
+        let mut best: Option<(u32, &ExportOptions)> = None;
+        let mut reverse: Option<Option<String>> = None;
+        for rule in &self.rules {
+            let rank = match &rule.spec {
+                ClientSpec::Address(a) if *a == client => Some(1000),
+                ClientSpec::Host(_, addrs) if addrs.contains(&client) => Some(1000),
+                ClientSpec::Wildcard(p) => {
+                    let name = reverse.get_or_insert_with(|| reverse_name(client));
+                    name.as_deref().filter(|n| glob_match(p.as_bytes(), n.as_bytes())).map(|_| 500)
+                }
+                ClientSpec::Network(n, prefix) if ip_in_network(client, *n, *prefix) => Some(*prefix as u32 + 1),
+                ClientSpec::Anyone => Some(0),
+                _ => None,
+            };
+            if let Some(rank) = rank {
+                if best.map_or(true, |(b, _)| rank > b) {
+                    best = Some((rank, &rule.options));
+                }
+            }
+        }
+        best.map(|(_, o)| o)
+    }
+}
+
+/// All exports of this server.
+#[derive(Debug, Clone, Default)]
+pub struct ExportTable {
+    pub exports: Vec<Export>,
+}
+
+impl ExportTable {
+    pub fn by_id(&self, id: u32) -> Option<&Export> {
+        self.exports.iter().find(|e| e.id == id)
+    }
+
+    /// Finds the export a MOUNT path names, and the path below the export root. With a
+    /// single export, `/` (or an empty path) is its root and other paths outside its own
+    /// absolute path are taken relative to it, so `host:/` and `host:/sub` both work.
+    pub fn for_mount_path(&self, path: &str) -> Option<(&Export, PathBuf)> {
+        let p = std::path::Path::new(path);
+        let by_path = self
+            .exports
+            .iter()
+            .filter_map(|e| p.strip_prefix(&e.path).ok().map(|rest| (e, rest.to_path_buf())))
+            .max_by_key(|(e, _)| e.path.components().count());
+        match (by_path, self.exports.as_slice()) {
+            (Some(found), _) => Some(found),
+            (None, [only]) => Some((only, PathBuf::from(path.trim_start_matches('/')))),
+            (None, _) => None,
+        }
+    }
+}
+
+/// Maps an IPv4-mapped IPv6 address to plain IPv4, so rules written for IPv4 match.
+pub fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(spec: ClientSpec, ro: bool) -> ClientRule {
+        ClientRule { spec, options: ExportOptions { read_only: ro, ..Default::default() } }
+    }
+
+    #[test]
+    fn most_specific_rule_wins() {
+        let e = Export {
+            id: 1,
+            path: "/srv".into(),
+            rules: vec![
+                rule(ClientSpec::Anyone, true),
+                rule(ClientSpec::Network("10.0.0.0".parse().unwrap(), 8), false),
+                rule(ClientSpec::Network("10.1.0.0".parse().unwrap(), 16), true),
+                rule(ClientSpec::Address("10.1.2.3".parse().unwrap()), false),
+            ],
+        };
+        assert!(e.options_for("192.168.1.1".parse().unwrap()).unwrap().read_only);
+        assert!(!e.options_for("10.9.9.9".parse().unwrap()).unwrap().read_only);
+        assert!(e.options_for("10.1.9.9".parse().unwrap()).unwrap().read_only);
+        assert!(!e.options_for("10.1.2.3".parse().unwrap()).unwrap().read_only);
+        let only_net = Export { rules: vec![rule(ClientSpec::Network("127.0.0.0".parse().unwrap(), 8), false)], ..e };
+        assert!(only_net.options_for("127.5.5.5".parse().unwrap()).is_some());
+        assert!(only_net.options_for("128.0.0.1".parse().unwrap()).is_none());
+        assert!(only_net.options_for("::1".parse().unwrap()).is_none());
+    }
+
+    #[test]
+    fn globs() {
+        assert!(glob_match(b"*.example.com", b"host.Example.com"));
+        assert!(!glob_match(b"*.example.com", b"example.com"));
+        assert!(glob_match(b"h?st*", b"host1"));
+    }
+
+    #[test]
+    fn mount_paths() {
+        let t = ExportTable {
+            exports: vec![
+                Export { id: 1, path: "/srv".into(), rules: vec![] },
+                Export { id: 2, path: "/srv/data".into(), rules: vec![] },
+            ],
+        };
+        assert_eq!(t.for_mount_path("/srv/data/x").unwrap().0.id, 2);
+        assert_eq!(t.for_mount_path("/srv/other").unwrap().1, PathBuf::from("other"));
+        assert!(t.for_mount_path("/").is_none());
+        assert!(t.for_mount_path("/srvx").is_none());
+        let single = ExportTable { exports: vec![Export { id: 1, path: "/srv".into(), rules: vec![] }] };
+        assert_eq!(single.for_mount_path("/").unwrap().1, PathBuf::new());
+        assert_eq!(single.for_mount_path("").unwrap().1, PathBuf::new());
+        assert_eq!(single.for_mount_path("/srv/a").unwrap().1, PathBuf::from("a"));
+        assert_eq!(single.for_mount_path("/a/b").unwrap().1, PathBuf::from("a/b"));
+        assert_eq!(canonical_ip("::ffff:1.2.3.4".parse().unwrap()), "1.2.3.4".parse::<IpAddr>().unwrap());
+    }
+}

@@ -1,0 +1,303 @@
+//! exports(5) file parser.
+//!
+//! ```text
+//! # comment
+//! /srv/share   192.168.0.0/24(rw,no_root_squash) *.lab(ro) 10.0.0.5
+//! "/srv/with space" -rw,async  host1 host2(ro)
+//! ```
+//! Lines may continue with a trailing backslash. Options after `-` directly following the
+//! path are the defaults for the clients on that line.
+
+use super::{export_id_for_path, ClientRule, ClientSpec, Export, ExportOptions, ExportTable, Squash};
+use std::net::{IpAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use thiserror::Error;
+
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("{file}:{line}: {message}")]
+pub struct ExportsError {
+    pub file: String,
+    pub line: usize,
+    pub message: String,
+}
+
+/// Parses exports text. `file` is used in error messages.
+pub fn parse_exports(text: &str, file: &str) -> Result<ExportTable, ExportsError> {
+    let mut table = ExportTable::default();
+    let mut logical = String::new();
+    let mut start_line = 0;
+    for (i, raw) in text.lines().enumerate() {
+        if logical.is_empty() {
+            start_line = i + 1;
+        }
+        let line = strip_comment(raw);
+        if let Some(cont) = line.strip_suffix('\\') {
+            logical.push_str(cont);
+            logical.push(' ');
+            continue;
+        }
+        logical.push_str(line);
+        let err = |message: String| ExportsError { file: file.to_string(), line: start_line, message };
+        if !logical.trim().is_empty() {
+            let export = parse_line(&logical).map_err(err)?;
+            if table.exports.iter().any(|e| e.path == export.path) {
+                return Err(err(format!("{} is exported twice", export.path.display())));
+            }
+            if let Some(other) = table.exports.iter().find(|e| e.id == export.id) {
+                return Err(err(format!("fsid {} is already used by {}", export.id, other.path.display())));
+            }
+            table.exports.push(export);
+        }
+        logical.clear();
+    }
+    if !logical.trim().is_empty() {
+        return Err(ExportsError { file: file.to_string(), line: start_line, message: "line continues past end of file".into() });
+    }
+    Ok(table)
+}
+
+fn strip_comment(line: &str) -> &str {
+    let mut in_quotes = false;
+    for (i, c) in line.char_indices() {
+        match c {
+            '"' => in_quotes = !in_quotes,
+            '#' if !in_quotes => return line[..i].trim_end(),
+            _ => {}
+        }
+    }
+    line.trim_end()
+}
+
+/// Splits on whitespace outside quotes and parentheses.
+fn tokens(line: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let (mut quoted, mut depth) = (false, 0);
+    for c in line.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            '(' if !quoted => {
+                depth += 1;
+                cur.push(c)
+            }
+            ')' if !quoted => {
+                depth -= 1;
+                cur.push(c)
+            }
+            c if c.is_whitespace() && !quoted && depth == 0 => {
+                if !cur.is_empty() {
+                    out.push(std::mem::take(&mut cur));
+                }
+            }
+            c => cur.push(c),
+        }
+    }
+    if quoted {
+        return Err("unterminated quote".into());
+    }
+    if depth != 0 {
+        return Err("unbalanced parentheses".into());
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    Ok(out)
+}
+
+/// Decodes `\NNN` octal escapes (exportfs writes spaces as `\040`).
+fn unescape_path(p: &str) -> Result<String, String> {
+    let b = p.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 4 <= b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            let v = (b[i + 1] - b'0') as u32 * 64 + (b[i + 2] - b'0') as u32 * 8 + (b[i + 3] - b'0') as u32;
+            out.push(u8::try_from(v).map_err(|_| format!("bad escape in {p}"))?);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| format!("path {p} is not valid UTF-8"))
+}
+
+fn parse_line(line: &str) -> Result<Export, String> {
+    let toks = tokens(line)?;
+    let mut it = toks.into_iter().peekable();
+    let path = unescape_path(&it.next().ok_or("missing export path")?)?;
+    if !path.starts_with('/') {
+        return Err(format!("export path {path:?} is not absolute"));
+    }
+    let mut defaults = ExportOptions::default();
+    let mut fsid = None;
+    if let Some(d) = it.peek().filter(|t| t.starts_with('-')).cloned() {
+        it.next();
+        apply_options(&mut defaults, &d[1..], &mut fsid)?;
+    }
+    let mut rules = Vec::new();
+    for tok in it {
+        let (client, opts) = match tok.find('(') {
+            Some(p) => {
+                let inner = tok[p + 1..].strip_suffix(')').ok_or_else(|| format!("bad client entry {tok:?}"))?;
+                (&tok[..p], Some(inner))
+            }
+            None => (tok.as_str(), None),
+        };
+        let mut options = defaults.clone();
+        if let Some(o) = opts {
+            apply_options(&mut options, o, &mut fsid)?;
+        }
+        rules.push(ClientRule { spec: parse_client(client)?, options });
+    }
+    if rules.is_empty() {
+        // exportfs: an export with no client list is open to everyone.
+        rules.push(ClientRule { spec: ClientSpec::Anyone, options: defaults });
+    }
+    let path = PathBuf::from(path);
+    Ok(Export { id: fsid.unwrap_or_else(|| export_id_for_path(&path)), path, rules })
+}
+
+fn parse_client(s: &str) -> Result<ClientSpec, String> {
+    if s.is_empty() || s == "*" {
+        return Ok(ClientSpec::Anyone);
+    }
+    if s.starts_with('@') {
+        return Err(format!("netgroups are not supported: {s}"));
+    }
+    if let Some((net, mask)) = s.split_once('/') {
+        let ip: IpAddr = net.parse().map_err(|_| format!("bad network address {net:?}"))?;
+        let prefix = match mask.parse::<u8>() {
+            Ok(p) => p,
+            Err(_) => {
+                let m: std::net::Ipv4Addr = mask.parse().map_err(|_| format!("bad netmask {mask:?}"))?;
+                let bits = u32::from(m);
+                if bits.leading_ones() + bits.trailing_zeros() != 32 {
+                    return Err(format!("netmask {mask} is not contiguous"));
+                }
+                bits.leading_ones() as u8
+            }
+        };
+        let max = if ip.is_ipv4() { 32 } else { 128 };
+        if prefix > max {
+            return Err(format!("prefix /{prefix} too long for {net}"));
+        }
+        return Ok(ClientSpec::Network(ip, prefix));
+    }
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        return Ok(ClientSpec::Address(ip));
+    }
+    if s.contains(['*', '?']) {
+        return Ok(ClientSpec::Wildcard(s.to_string()));
+    }
+    if !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_') {
+        return Err(format!("bad client name {s:?}"));
+    }
+    let addrs = (s, 0).to_socket_addrs().map(|a| a.map(|sa| sa.ip()).collect()).unwrap_or_default();
+    Ok(ClientSpec::Host(s.to_string(), addrs))
+}
+
+fn apply_options(o: &mut ExportOptions, list: &str, fsid: &mut Option<u32>) -> Result<(), String> {
+    for opt in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (key, value) = match opt.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (opt, None),
+        };
+        let num = |v: Option<&str>| -> Result<u32, String> {
+            let v = v.ok_or_else(|| format!("{key} needs a value"))?;
+            v.parse::<i64>()
+                .ok()
+                .and_then(|n| if n == -1 { Some(u32::MAX) } else { u32::try_from(n).ok() })
+                .ok_or_else(|| format!("{key}={v}: not a number"))
+        };
+        match key {
+            "rw" => o.read_only = false,
+            "ro" => o.read_only = true,
+            "sync" => o.sync = true,
+            "async" => o.sync = false,
+            "root_squash" => o.squash = Squash::Root,
+            "no_root_squash" => o.squash = Squash::None,
+            "all_squash" => o.squash = Squash::All,
+            "no_all_squash" => {
+                if o.squash == Squash::All {
+                    o.squash = Squash::Root
+                }
+            }
+            "anonuid" => o.anonuid = num(value)?,
+            "anongid" => o.anongid = num(value)?,
+            "secure" => o.secure = true,
+            "insecure" => o.secure = false,
+            "fsid" => match value {
+                Some("root") | Some("0") => *fsid = Some(0),
+                _ => *fsid = Some(num(value)?),
+            },
+            "sec" => {
+                if value != Some("sys") {
+                    return Err(format!("sec={}: only sys is supported", value.unwrap_or("")));
+                }
+            }
+            // Accepted for compatibility; they do not change behaviour here.
+            "subtree_check" | "no_subtree_check" | "wdelay" | "no_wdelay" | "hide" | "nohide" | "crossmnt"
+            | "no_acl" | "acl" | "secure_locks" | "insecure_locks" | "auth_nlm" | "no_auth_nlm" | "mountpoint"
+            | "mp" | "root_nosquash" => {}
+            _ => return Err(format!("unknown export option {opt:?}")),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_typical_file() {
+        let text = r#"
+# comment line
+/srv/a   127.0.0.1(rw,no_root_squash,insecure) 10.0.0.0/255.0.0.0(ro) *.lab(rw,all_squash,anonuid=1000,anongid=100)
+"/srv/with space" -rw,async \
+    *(insecure)   # trailing comment
+/srv/c
+/srv/d\040e fsid=7
+"#;
+        let t = parse_exports(text, "exports").unwrap();
+        assert_eq!(t.exports.len(), 4);
+        let a = &t.exports[0];
+        assert_eq!(a.rules.len(), 3);
+        assert_eq!(a.rules[0].spec, ClientSpec::Address("127.0.0.1".parse().unwrap()));
+        assert!(!a.rules[0].options.read_only && !a.rules[0].options.secure);
+        assert_eq!(a.rules[0].options.squash, Squash::None);
+        assert_eq!(a.rules[1].spec, ClientSpec::Network("10.0.0.0".parse().unwrap(), 8));
+        assert!(a.rules[1].options.read_only);
+        assert_eq!(a.rules[2].options.squash, Squash::All);
+        assert_eq!((a.rules[2].options.anonuid, a.rules[2].options.anongid), (1000, 100));
+        let b = &t.exports[1];
+        assert_eq!(b.path, PathBuf::from("/srv/with space"));
+        assert!(!b.rules[0].options.read_only && !b.rules[0].options.sync && !b.rules[0].options.secure);
+        let c = &t.exports[2];
+        assert_eq!(c.rules[0].spec, ClientSpec::Anyone);
+        assert_eq!(c.rules[0].options, ExportOptions::default());
+        assert_eq!(t.exports[3].path, PathBuf::from("/srv/d e"));
+        assert!(matches!(t.exports[3].rules[0].spec, ClientSpec::Host(ref h, _) if h == "fsid=7"));
+    }
+
+    #[test]
+    fn errors_name_file_and_line() {
+        let e = parse_exports("/ok *(rw)\n\n/bad *(rw,frobnicate)\n", "ex").unwrap_err();
+        assert_eq!((e.file.as_str(), e.line), ("ex", 3));
+        assert!(e.message.contains("frobnicate"), "{e}");
+        assert_eq!(parse_exports("relative *(rw)", "ex").unwrap_err().line, 1);
+        assert!(parse_exports("/a 10.0.0.0/33(rw)", "ex").is_err());
+        assert!(parse_exports("/a *(anonuid=x)", "ex").is_err());
+        assert!(parse_exports("/a @group(rw)", "ex").is_err());
+        assert!(parse_exports("/a *(rw\n", "ex").is_err());
+        assert!(parse_exports("/a *(rw)\n/a *(ro)\n", "ex").is_err());
+        assert_eq!(parse_exports("/a *(sec=krb5)", "ex").unwrap_err().line, 1);
+    }
+
+    #[test]
+    fn fsid_sets_export_id() {
+        let t = parse_exports("/a *(rw,fsid=42)", "ex").unwrap();
+        assert_eq!(t.exports[0].id, 42);
+    }
+}

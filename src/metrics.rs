@@ -1,0 +1,192 @@
+//! Server metrics in Prometheus text format: per-procedure calls, errors by status and
+//! latency histograms; bytes moved; connections, requests in flight and duplicate request
+//! cache hits. Counters are lock-free atomics on the request path.
+
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Histogram bucket upper bounds in microseconds.
+const BUCKETS_US: [u64; 18] = [25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000, 5_000_000, 10_000_000];
+/// Procedure numbers tracked per program.
+const MAX_PROCS: usize = 32;
+
+#[derive(Default)]
+struct ProcStats {
+    calls: AtomicU64,
+    latency_sum_us: AtomicU64,
+    buckets: [AtomicU64; BUCKETS_US.len() + 1],
+}
+
+struct ProgramStats {
+    program: u32,
+    name: &'static str,
+    procs: Vec<(&'static str, ProcStats)>,
+}
+
+#[derive(Default)]
+pub struct Metrics {
+    programs: Vec<ProgramStats>,
+    /// (program name, procedure name, status) -> count, for non-zero statuses.
+    statuses: Mutex<BTreeMap<(&'static str, &'static str, u32), u64>>,
+    rpc_errors: Mutex<BTreeMap<&'static str, u64>>,
+    read_bytes: AtomicU64,
+    write_bytes: AtomicU64,
+    connections: AtomicI64,
+    connections_total: AtomicU64,
+    in_flight: AtomicI64,
+    drc_hits: AtomicU64,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Declares a program and its procedure names (index = procedure number).
+    pub fn register(&mut self, program: u32, name: &'static str, procedures: &[&'static str]) {
+        let procs = procedures.iter().take(MAX_PROCS).map(|p| (*p, ProcStats::default())).collect();
+        self.programs.push(ProgramStats { program, name, procs });
+    }
+
+    fn program(&self, program: u32) -> Option<&ProgramStats> {
+        self.programs.iter().find(|p| p.program == program)
+    }
+
+    pub fn record_call(&self, program: u32, procedure: u32, latency: Duration, status: Option<u32>) {
+        let Some(p) = self.program(program) else { return };
+        let Some((pname, s)) = p.procs.get(procedure as usize) else { return };
+        let us = latency.as_micros() as u64;
+        s.calls.fetch_add(1, Ordering::Relaxed);
+        s.latency_sum_us.fetch_add(us, Ordering::Relaxed);
+        let i = BUCKETS_US.iter().position(|&b| us <= b).unwrap_or(BUCKETS_US.len());
+        s.buckets[i].fetch_add(1, Ordering::Relaxed);
+        if let Some(st) = status.filter(|&s| s != 0) {
+            *self.statuses.lock().entry((p.name, pname, st)).or_default() += 1;
+        }
+    }
+
+    /// RPC-level rejections (GARBAGE_ARGS, PROG_UNAVAIL, AUTH_ERROR, ...).
+    pub fn record_rpc_error(&self, kind: &'static str) {
+        *self.rpc_errors.lock().entry(kind).or_default() += 1;
+    }
+
+    pub fn add_read_bytes(&self, n: u64) {
+        self.read_bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn add_write_bytes(&self, n: u64) {
+        self.write_bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn connection_opened(&self) {
+        self.connections.fetch_add(1, Ordering::Relaxed);
+        self.connections_total.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn connection_closed(&self) {
+        self.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    pub fn request_started(&self) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn request_finished(&self) {
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    pub fn drc_hit(&self) {
+        self.drc_hits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn render(&self) -> String {
+        let mut o = String::with_capacity(16 * 1024);
+        let _ = self.render_into(&mut o);
+        o
+    }
+
+    fn render_into(&self, o: &mut String) -> std::fmt::Result {
+        writeln!(o, "# HELP nasd_rpc_calls_total RPC calls completed, by program and procedure.")?;
+        writeln!(o, "# TYPE nasd_rpc_calls_total counter")?;
+        for p in &self.programs {
+            for (name, s) in &p.procs {
+                writeln!(o, "nasd_rpc_calls_total{{program=\"{}\",procedure=\"{}\"}} {}", p.name, name, s.calls.load(Ordering::Relaxed))?;
+            }
+        }
+        writeln!(o, "# HELP nasd_rpc_latency_seconds Time from a complete request to its reply being queued.")?;
+        writeln!(o, "# TYPE nasd_rpc_latency_seconds histogram")?;
+        for p in &self.programs {
+            for (name, s) in &p.procs {
+                let calls = s.calls.load(Ordering::Relaxed);
+                if calls == 0 {
+                    continue;
+                }
+                let labels = format!("program=\"{}\",procedure=\"{}\"", p.name, name);
+                let mut cum = 0;
+                for (i, b) in BUCKETS_US.iter().enumerate() {
+                    cum += s.buckets[i].load(Ordering::Relaxed);
+                    writeln!(o, "nasd_rpc_latency_seconds_bucket{{{labels},le=\"{}\"}} {cum}", *b as f64 / 1e6)?;
+                }
+                cum += s.buckets[BUCKETS_US.len()].load(Ordering::Relaxed);
+                writeln!(o, "nasd_rpc_latency_seconds_bucket{{{labels},le=\"+Inf\"}} {cum}")?;
+                writeln!(o, "nasd_rpc_latency_seconds_sum{{{labels}}} {}", s.latency_sum_us.load(Ordering::Relaxed) as f64 / 1e6)?;
+                writeln!(o, "nasd_rpc_latency_seconds_count{{{labels}}} {cum}")?;
+            }
+        }
+        writeln!(o, "# HELP nasd_rpc_errors_total Replies with a non-zero protocol status, by status code.")?;
+        writeln!(o, "# TYPE nasd_rpc_errors_total counter")?;
+        for ((prog, proc_name, st), n) in self.statuses.lock().iter() {
+            writeln!(o, "nasd_rpc_errors_total{{program=\"{prog}\",procedure=\"{proc_name}\",status=\"{st}\"}} {n}")?;
+        }
+        writeln!(o, "# HELP nasd_rpc_rejected_total Calls rejected at the RPC layer.")?;
+        writeln!(o, "# TYPE nasd_rpc_rejected_total counter")?;
+        for (kind, n) in self.rpc_errors.lock().iter() {
+            writeln!(o, "nasd_rpc_rejected_total{{reason=\"{kind}\"}} {n}")?;
+        }
+        let gauges: [(&str, &str, &str, i64); 7] = [
+            ("nasd_read_bytes_total", "counter", "File data bytes returned by READ.", self.read_bytes.load(Ordering::Relaxed) as i64),
+            ("nasd_write_bytes_total", "counter", "File data bytes accepted by WRITE.", self.write_bytes.load(Ordering::Relaxed) as i64),
+            ("nasd_connections", "gauge", "Open client connections.", self.connections.load(Ordering::Relaxed)),
+            ("nasd_connections_total", "counter", "Client connections accepted.", self.connections_total.load(Ordering::Relaxed) as i64),
+            ("nasd_requests_in_flight", "gauge", "Requests being processed or waiting to be sent.", self.in_flight.load(Ordering::Relaxed)),
+            ("nasd_drc_hits_total", "counter", "Retransmitted calls answered from the duplicate request cache.", self.drc_hits.load(Ordering::Relaxed) as i64),
+            ("nasd_resident_memory_bytes", "gauge", "Resident set size of the server.", resident_bytes()),
+        ];
+        for (name, kind, help, v) in gauges {
+            writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}")?;
+        }
+        Ok(())
+    }
+}
+
+fn resident_bytes() -> i64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse::<i64>().ok()))
+        .map(|pages| pages * 4096)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counts_histograms_and_errors() {
+        let mut m = Metrics::new();
+        m.register(100003, "nfs3", &["NULL", "GETATTR"]);
+        m.record_call(100003, 1, Duration::from_micros(30), Some(0));
+        m.record_call(100003, 1, Duration::from_millis(2), Some(70));
+        m.record_call(100003, 9, Duration::from_millis(2), None); // unknown procedure: ignored
+        m.add_read_bytes(4096);
+        let text = m.render();
+        assert!(text.contains("nasd_rpc_calls_total{program=\"nfs3\",procedure=\"GETATTR\"} 2"), "{text}");
+        assert!(text.contains("nasd_rpc_latency_seconds_bucket{program=\"nfs3\",procedure=\"GETATTR\",le=\"0.00005\"} 1"), "{text}");
+        assert!(text.contains("nasd_rpc_latency_seconds_bucket{program=\"nfs3\",procedure=\"GETATTR\",le=\"+Inf\"} 2"));
+        assert!(text.contains("nasd_rpc_errors_total{program=\"nfs3\",procedure=\"GETATTR\",status=\"70\"} 1"));
+        assert!(text.contains("nasd_read_bytes_total 4096"));
+    }
+}

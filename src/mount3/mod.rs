@@ -1,0 +1,208 @@
+//! MOUNT protocol version 3 (RFC 1813 appendix I): program 100005.
+//!
+//! Served on the same port as NFS. MNT resolves a path inside an export component by
+//! component, never following symlinks, and answers with the directory's file handle.
+
+use crate::exports::squash;
+use crate::rpc::{CallContext, ProcError, RpcProgram};
+use crate::server::state::ServerState;
+use crate::vfs::{FileKind, VfsError};
+use crate::xdr::{XdrReader, XdrResult, XdrWriter};
+use std::path::Component;
+use std::sync::Arc;
+
+pub const PROGRAM: u32 = 100005;
+pub const VERSION: u32 = 3;
+const MNTPATHLEN: usize = 1024;
+const AUTH_SYS: u32 = 1;
+
+pub mod proc {
+    pub const NULL: u32 = 0;
+    pub const MNT: u32 = 1;
+    pub const DUMP: u32 = 2;
+    pub const UMNT: u32 = 3;
+    pub const UMNTALL: u32 = 4;
+    pub const EXPORT: u32 = 5;
+    pub const NAMES: [&str; 6] = ["NULL", "MNT", "DUMP", "UMNT", "UMNTALL", "EXPORT"];
+}
+
+/// mountstat3
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum MountStatus {
+    Ok = 0,
+    Perm = 1,
+    NoEnt = 2,
+    Io = 5,
+    Access = 13,
+    NotDir = 20,
+    Inval = 22,
+    NameTooLong = 63,
+    NotSupp = 10004,
+    ServerFault = 10006,
+}
+
+impl From<VfsError> for MountStatus {
+    fn from(e: VfsError) -> Self {
+        match e {
+            VfsError::Perm => MountStatus::Perm,
+            VfsError::NoEnt | VfsError::Stale => MountStatus::NoEnt,
+            VfsError::Access => MountStatus::Access,
+            VfsError::NotDir => MountStatus::NotDir,
+            VfsError::Inval => MountStatus::Inval,
+            VfsError::NameTooLong => MountStatus::NameTooLong,
+            VfsError::NotSupp => MountStatus::NotSupp,
+            VfsError::ServerFault => MountStatus::ServerFault,
+            _ => MountStatus::Io,
+        }
+    }
+}
+
+/// Decoded MOUNT arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Args<'a> {
+    Null,
+    Mnt(&'a [u8]),
+    Dump,
+    Umnt(&'a [u8]),
+    UmntAll,
+    Export,
+}
+
+impl<'a> Args<'a> {
+    pub fn decode(procedure: u32, r: &mut XdrReader<'a>) -> Option<XdrResult<Args<'a>>> {
+        Some(match procedure {
+            proc::NULL => Ok(Args::Null),
+            proc::MNT => r.opaque(MNTPATHLEN).map(Args::Mnt),
+            proc::DUMP => Ok(Args::Dump),
+            proc::UMNT => r.opaque(MNTPATHLEN).map(Args::Umnt),
+            proc::UMNTALL => Ok(Args::UmntAll),
+            proc::EXPORT => Ok(Args::Export),
+            _ => return None,
+        })
+    }
+}
+
+pub struct Mount3 {
+    state: Arc<ServerState>,
+}
+
+impl Mount3 {
+    pub fn new(state: Arc<ServerState>) -> Self {
+        Self { state }
+    }
+
+    fn mnt(&self, ctx: &CallContext, path: &[u8], out: &mut XdrWriter) {
+        match self.resolve(ctx, path) {
+            Ok(fh) => {
+                out.u32(MountStatus::Ok as u32);
+                out.opaque(&fh);
+                out.u32(1);
+                out.u32(AUTH_SYS);
+                let path = String::from_utf8_lossy(path).into_owned();
+                tracing::info!(client = %ctx.peer, path, "mounted");
+                self.state.mounts.lock().insert((ctx.peer.ip().to_string(), path));
+            }
+            Err(status) => {
+                tracing::info!(client = %ctx.peer, path = %String::from_utf8_lossy(path), ?status, "mount refused");
+                out.u32(status as u32);
+            }
+        }
+    }
+
+    fn resolve(&self, ctx: &CallContext, path: &[u8]) -> Result<Vec<u8>, MountStatus> {
+        let path = std::str::from_utf8(path).map_err(|_| MountStatus::Inval)?;
+        if !path.is_empty() && !path.starts_with('/') {
+            return Err(MountStatus::Inval);
+        }
+        let (export, rest) = self.state.exports_table_lookup(path).ok_or(MountStatus::NoEnt)?;
+        let rt = self.state.export_by_id(export).ok_or(MountStatus::NoEnt)?;
+        let options = self.state.client_options(rt, ctx).map_err(|_| MountStatus::Access)?;
+        let cred = squash(options, &ctx.credential);
+        let mut obj = rt.vfs.root();
+        for comp in rest.components() {
+            match comp {
+                Component::Normal(name) => {
+                    let (next, attr) = rt.vfs.lookup(&cred, &obj, name.as_encoded_bytes()).map_err(MountStatus::from)?;
+                    if attr.kind != FileKind::Directory {
+                        return Err(MountStatus::NotDir);
+                    }
+                    obj = next;
+                }
+                Component::CurDir => {}
+                _ => return Err(MountStatus::Inval),
+            }
+        }
+        let attr = rt.vfs.getattr(&cred, &obj).map_err(MountStatus::from)?;
+        if attr.kind != FileKind::Directory {
+            return Err(MountStatus::NotDir);
+        }
+        Ok(self.state.file_handle(rt, &obj))
+    }
+
+    fn dump(&self, out: &mut XdrWriter) {
+        for (host, dir) in self.state.mounts.lock().iter() {
+            out.bool(true);
+            out.opaque(host.as_bytes());
+            out.opaque(dir.as_bytes());
+        }
+        out.bool(false);
+    }
+
+    fn export_list(&self, out: &mut XdrWriter) {
+        use crate::exports::ClientSpec;
+        for rt in &self.state.exports {
+            out.bool(true);
+            out.opaque(rt.export.path.as_os_str().as_encoded_bytes());
+            for rule in &rt.export.rules {
+                let name = match &rule.spec {
+                    ClientSpec::Anyone => "*".to_string(),
+                    ClientSpec::Address(a) => a.to_string(),
+                    ClientSpec::Network(a, p) => format!("{a}/{p}"),
+                    ClientSpec::Host(h, _) | ClientSpec::Wildcard(h) => h.clone(),
+                };
+                out.bool(true);
+                out.opaque(name.as_bytes());
+            }
+            out.bool(false);
+        }
+        out.bool(false);
+    }
+}
+
+impl RpcProgram for Mount3 {
+    fn program(&self) -> u32 {
+        PROGRAM
+    }
+
+    fn versions(&self) -> (u32, u32) {
+        (VERSION, VERSION)
+    }
+
+    fn call(&self, ctx: &CallContext, args: &mut XdrReader<'_>, out: &mut XdrWriter) -> Result<(), ProcError> {
+        let args = Args::decode(ctx.procedure, args).ok_or(ProcError::ProcUnavail)??;
+        match args {
+            Args::Null => {}
+            Args::Mnt(path) => self.mnt(ctx, path, out),
+            Args::Dump => self.dump(out),
+            Args::Umnt(path) => {
+                let path = String::from_utf8_lossy(path).into_owned();
+                self.state.mounts.lock().remove(&(ctx.peer.ip().to_string(), path));
+            }
+            Args::UmntAll => {
+                let ip = ctx.peer.ip().to_string();
+                self.state.mounts.lock().retain(|(h, _)| *h != ip);
+            }
+            Args::Export => self.export_list(out),
+        }
+        Ok(())
+    }
+
+    fn procedure_name(&self, _version: u32, procedure: u32) -> &'static str {
+        proc::NAMES.get(procedure as usize).copied().unwrap_or("unknown")
+    }
+
+    fn results_start_with_status(&self, procedure: u32) -> bool {
+        procedure == proc::MNT
+    }
+}

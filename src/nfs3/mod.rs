@@ -1,0 +1,59 @@
+//! NFS version 3 (RFC 1813): program 100003, version 3.
+//!
+//! `xdr.rs` holds the wire types; `proc.rs` one function per procedure, each calling the
+//! [`crate::vfs::Vfs`] of the export the file handle belongs to.
+
+mod proc;
+pub mod xdr;
+
+use crate::rpc::{CallContext, ProcError, RpcProgram};
+use crate::server::state::ServerState;
+use crate::xdr::{XdrReader, XdrWriter};
+use std::sync::Arc;
+use xdr::Args;
+
+pub struct Nfs3 {
+    state: Arc<ServerState>,
+}
+
+impl Nfs3 {
+    pub fn new(state: Arc<ServerState>) -> Self {
+        Self { state }
+    }
+}
+
+impl RpcProgram for Nfs3 {
+    fn program(&self) -> u32 {
+        xdr::PROGRAM
+    }
+
+    fn versions(&self) -> (u32, u32) {
+        (xdr::VERSION, xdr::VERSION)
+    }
+
+    fn call(&self, ctx: &CallContext, args: &mut XdrReader<'_>, out: &mut XdrWriter) -> Result<(), ProcError> {
+        let args = match Args::decode(ctx.procedure, args) {
+            None => return Err(ProcError::ProcUnavail),
+            Some(Err(e)) => {
+                tracing::debug!(client = %ctx.peer, xid = ctx.xid, error = %e, "undecodable NFSv3 arguments");
+                return Err(ProcError::GarbageArgs);
+            }
+            Some(Ok(a)) => a,
+        };
+        proc::run(&self.state, ctx, args, out);
+        Ok(())
+    }
+
+    fn is_non_idempotent(&self, _version: u32, procedure: u32) -> bool {
+        use xdr::proc::*;
+        matches!(procedure, SETATTR | WRITE | CREATE | MKDIR | SYMLINK | MKNOD | REMOVE | RMDIR | RENAME | LINK | COMMIT)
+    }
+
+    fn results_start_with_status(&self, procedure: u32) -> bool {
+        procedure != xdr::proc::NULL
+    }
+
+    fn procedure_name(&self, _version: u32, procedure: u32) -> &'static str {
+        xdr::proc::NAMES.get(procedure as usize).copied().unwrap_or("unknown")
+    }
+}

@@ -1,0 +1,381 @@
+//! NFSv3 procedures (RFC 1813 section 3.3), one function each.
+
+use super::xdr::*;
+use crate::rpc::CallContext;
+use crate::server::state::{Admitted, ServerState};
+use crate::vfs::{Attr, DirEntry, ObjectId, VfsError, Wcc};
+use crate::xdr::{pad4, XdrWriter};
+
+/// A failed procedure: its status and how many empty optional results (post_op_attr /
+/// pre_op_attr "not present") follow the status in that procedure's failure arm.
+struct Failure {
+    status: Status,
+    empty_optionals: usize,
+    /// Directory attributes worth returning even on failure (LOOKUP).
+    dir_attr: Option<Attr>,
+}
+
+type ProcResult = Result<(), Failure>;
+
+fn fail(n: usize) -> impl Fn(VfsError) -> Failure {
+    move |e| Failure { status: e.into(), empty_optionals: n, dir_attr: None }
+}
+
+/// Failure shapes: GETATTR has no results; most have one post_op_attr; modifying
+/// procedures one wcc_data (two optionals); LINK a post_op_attr and a wcc_data; RENAME two
+/// wcc_data.
+const NO_RESULTS: usize = 0;
+const ATTR: usize = 1;
+const WCC: usize = 2;
+const ATTR_WCC: usize = 3;
+const TWO_WCC: usize = 4;
+
+pub fn run(state: &ServerState, ctx: &CallContext, args: Args<'_>, out: &mut XdrWriter) {
+    let start = out.len();
+    out.u32(Status::Ok as u32);
+    let res = match args {
+        Args::Null => {
+            out.truncate(start);
+            return;
+        }
+        Args::Getattr { fh } => getattr(state, ctx, fh, out),
+        Args::Setattr { fh, attrs, guard } => setattr(state, ctx, fh, &attrs, guard, out),
+        Args::Lookup(at) => lookup(state, ctx, &at, out),
+        Args::Access { fh, mask } => access(state, ctx, fh, mask, out),
+        Args::Readlink { fh } => readlink(state, ctx, fh, out),
+        Args::Read { fh, offset, count } => read(state, ctx, fh, offset, count, out),
+        Args::Write { fh, offset, stable, data } => write(state, ctx, fh, offset, stable, data, out),
+        Args::Create { at, how } => {
+            create_like(state, ctx, &at, out, |adm, name| adm.rt.vfs.create(&adm.cred, &adm.obj, name, &how))
+        }
+        Args::Mkdir { at, attrs } => {
+            create_like(state, ctx, &at, out, |adm, name| adm.rt.vfs.mkdir(&adm.cred, &adm.obj, name, &attrs))
+        }
+        Args::Symlink { at, attrs, target } => {
+            create_like(state, ctx, &at, out, |adm, name| adm.rt.vfs.symlink(&adm.cred, &adm.obj, name, target, &attrs))
+        }
+        Args::Mknod { at, node, attrs } => match node {
+            Ok(node) => create_like(state, ctx, &at, out, |adm, name| adm.rt.vfs.mknod(&adm.cred, &adm.obj, name, node, &attrs)),
+            Err(_) => Err(fail(WCC)(VfsError::BadType)),
+        },
+        Args::Remove(at) => remove_like(state, ctx, &at, out, false),
+        Args::Rmdir(at) => remove_like(state, ctx, &at, out, true),
+        Args::Rename { from, to } => rename(state, ctx, &from, &to, out),
+        Args::Link { fh, to } => link(state, ctx, fh, &to, out),
+        Args::Readdir { fh, cookie, count, .. } => readdir(state, ctx, fh, cookie, count, count, false, out),
+        Args::Readdirplus { fh, cookie, dircount, maxcount, .. } => {
+            readdir(state, ctx, fh, cookie, dircount, maxcount, true, out)
+        }
+        Args::Fsstat { fh } => fsstat(state, ctx, fh, out),
+        Args::Fsinfo { fh } => fsinfo(state, ctx, fh, out),
+        Args::Pathconf { fh } => pathconf(state, ctx, fh, out),
+        Args::Commit { fh, offset, count } => commit(state, ctx, fh, offset, count, out),
+    };
+    if let Err(f) = res {
+        out.truncate(start);
+        out.u32(f.status as u32);
+        match f.dir_attr {
+            Some(a) => put_post_op_attr(out, Some(&a)),
+            None => (0..f.empty_optionals).for_each(|_| out.bool(false)),
+        }
+    }
+}
+
+fn admit<'s>(state: &'s ServerState, ctx: &CallContext, fh: &[u8], shape: usize) -> Result<Admitted<'s>, Failure> {
+    state.admit(ctx, fh).map_err(fail(shape))
+}
+
+/// Admits a modifying call: refuses it with ROFS on a read-only export.
+fn admit_write<'s>(state: &'s ServerState, ctx: &CallContext, fh: &[u8], shape: usize) -> Result<Admitted<'s>, Failure> {
+    let adm = admit(state, ctx, fh, shape)?;
+    if adm.options.read_only {
+        return Err(fail(shape)(VfsError::RoFs));
+    }
+    Ok(adm)
+}
+
+fn check_name(name: &[u8], shape: usize) -> Result<(), Failure> {
+    if name.len() > NAME_MAX {
+        return Err(fail(shape)(VfsError::NameTooLong));
+    }
+    Ok(())
+}
+
+fn getattr(state: &ServerState, ctx: &CallContext, fh: &[u8], out: &mut XdrWriter) -> ProcResult {
+    let adm = admit(state, ctx, fh, NO_RESULTS)?;
+    let attr = adm.rt.vfs.getattr(&adm.cred, &adm.obj).map_err(fail(NO_RESULTS))?;
+    put_fattr(out, &attr);
+    Ok(())
+}
+
+fn setattr(
+    state: &ServerState,
+    ctx: &CallContext,
+    fh: &[u8],
+    attrs: &crate::vfs::SetAttrs,
+    guard: Option<crate::vfs::Timespec>,
+    out: &mut XdrWriter,
+) -> ProcResult {
+    let adm = admit_write(state, ctx, fh, WCC)?;
+    let wcc = adm.rt.vfs.setattr(&adm.cred, &adm.obj, attrs, guard).map_err(fail(WCC))?;
+    put_wcc(out, &wcc);
+    Ok(())
+}
+
+fn lookup(state: &ServerState, ctx: &CallContext, at: &DirOp<'_>, out: &mut XdrWriter) -> ProcResult {
+    let adm = admit(state, ctx, at.dir, ATTR)?;
+    check_name(at.name, ATTR)?;
+    match adm.rt.vfs.lookup(&adm.cred, &adm.obj, at.name) {
+        Ok((obj, attr)) => {
+            out.opaque(&state.file_handle(adm.rt, &obj));
+            put_post_op_attr(out, Some(&attr));
+            let dir = adm.rt.vfs.getattr(&adm.cred, &adm.obj).ok();
+            put_post_op_attr(out, dir.as_ref());
+            Ok(())
+        }
+        Err(e) => {
+            // Directory attributes let the client cache the negative result.
+            let dir_attr = adm.rt.vfs.getattr(&adm.cred, &adm.obj).ok();
+            Err(Failure { status: e.into(), empty_optionals: ATTR, dir_attr })
+        }
+    }
+}
+
+fn access(state: &ServerState, ctx: &CallContext, fh: &[u8], mask: u32, out: &mut XdrWriter) -> ProcResult {
+    use crate::vfs::access::*;
+    let adm = admit(state, ctx, fh, ATTR)?;
+    let (mut granted, attr) = adm.rt.vfs.access(&adm.cred, &adm.obj, mask).map_err(fail(ATTR))?;
+    if adm.options.read_only {
+        granted &= !(MODIFY | EXTEND | DELETE);
+    }
+    put_post_op_attr(out, Some(&attr));
+    out.u32(granted);
+    Ok(())
+}
+
+fn readlink(state: &ServerState, ctx: &CallContext, fh: &[u8], out: &mut XdrWriter) -> ProcResult {
+    let adm = admit(state, ctx, fh, ATTR)?;
+    let (target, attr) = adm.rt.vfs.readlink(&adm.cred, &adm.obj).map_err(fail(ATTR))?;
+    put_post_op_attr(out, Some(&attr));
+    out.opaque(&target);
+    Ok(())
+}
+
+fn read(state: &ServerState, ctx: &CallContext, fh: &[u8], offset: u64, count: u32, out: &mut XdrWriter) -> ProcResult {
+    let adm = admit(state, ctx, fh, ATTR)?;
+    let count = count.min(MAX_IO) as usize;
+    // Attributes precede the data on the wire but are known only after the read: reserve
+    // their place, read straight into the reply buffer, then fill them in.
+    let attr_at = out.len();
+    out.bool(true);
+    out.fixed(&[0u8; FATTR3_SIZE]);
+    let count_at = out.len();
+    out.u32(0);
+    out.bool(false);
+    let mut result = None;
+    out.opaque_with(count, |buf| {
+        let r = adm.rt.vfs.read(&adm.cred, &adm.obj, offset, buf)?;
+        let n = r.count;
+        result = Some(r);
+        Ok(n)
+    })
+    .map_err(fail(ATTR))?;
+    let r = result.expect("set on success");
+    let mut attr = XdrWriter::with_capacity(FATTR3_SIZE);
+    put_fattr(&mut attr, &r.attr);
+    out.patch_bytes(attr_at + 4, attr.as_slice());
+    out.patch_u32(count_at, r.count as u32);
+    out.patch_u32(count_at + 4, r.eof as u32);
+    state.metrics.add_read_bytes(r.count as u64);
+    Ok(())
+}
+
+fn write(
+    state: &ServerState,
+    ctx: &CallContext,
+    fh: &[u8],
+    offset: u64,
+    stable: crate::vfs::Stability,
+    data: &[u8],
+    out: &mut XdrWriter,
+) -> ProcResult {
+    let adm = admit_write(state, ctx, fh, WCC)?;
+    let r = adm.rt.vfs.write(&adm.cred, &adm.obj, offset, data, stable).map_err(fail(WCC))?;
+    put_wcc(out, &r.wcc);
+    out.u32(r.count as u32);
+    out.u32(stable_code(r.committed));
+    out.fixed(&adm.rt.vfs.write_verifier());
+    state.metrics.add_write_bytes(r.count as u64);
+    Ok(())
+}
+
+fn create_like(
+    state: &ServerState,
+    ctx: &CallContext,
+    at: &DirOp<'_>,
+    out: &mut XdrWriter,
+    op: impl FnOnce(&Admitted<'_>, &[u8]) -> crate::vfs::VfsResult<crate::vfs::Created>,
+) -> ProcResult {
+    let adm = admit_write(state, ctx, at.dir, WCC)?;
+    check_name(at.name, WCC)?;
+    let c = op(&adm, at.name).map_err(fail(WCC))?;
+    put_post_op_fh(out, Some(&state.file_handle(adm.rt, &c.obj)));
+    put_post_op_attr(out, Some(&c.attr));
+    put_wcc(out, &c.dir_wcc);
+    Ok(())
+}
+
+fn remove_like(state: &ServerState, ctx: &CallContext, at: &DirOp<'_>, out: &mut XdrWriter, dir: bool) -> ProcResult {
+    let adm = admit_write(state, ctx, at.dir, WCC)?;
+    check_name(at.name, WCC)?;
+    let wcc = if dir { adm.rt.vfs.rmdir(&adm.cred, &adm.obj, at.name) } else { adm.rt.vfs.remove(&adm.cred, &adm.obj, at.name) };
+    put_wcc(out, &wcc.map_err(fail(WCC))?);
+    Ok(())
+}
+
+fn rename(state: &ServerState, ctx: &CallContext, from: &DirOp<'_>, to: &DirOp<'_>, out: &mut XdrWriter) -> ProcResult {
+    let src = admit_write(state, ctx, from.dir, TWO_WCC)?;
+    let dst = admit_write(state, ctx, to.dir, TWO_WCC)?;
+    check_name(from.name, TWO_WCC)?;
+    check_name(to.name, TWO_WCC)?;
+    if src.rt.export.id != dst.rt.export.id {
+        return Err(fail(TWO_WCC)(VfsError::XDev));
+    }
+    let (a, b) = src.rt.vfs.rename(&src.cred, &src.obj, from.name, &dst.obj, to.name).map_err(fail(TWO_WCC))?;
+    put_wcc(out, &a);
+    put_wcc(out, &b);
+    Ok(())
+}
+
+fn link(state: &ServerState, ctx: &CallContext, fh: &[u8], to: &DirOp<'_>, out: &mut XdrWriter) -> ProcResult {
+    let file = admit_write(state, ctx, fh, ATTR_WCC)?;
+    let dir = admit_write(state, ctx, to.dir, ATTR_WCC)?;
+    check_name(to.name, ATTR_WCC)?;
+    if file.rt.export.id != dir.rt.export.id {
+        return Err(fail(ATTR_WCC)(VfsError::XDev));
+    }
+    let (attr, wcc) = file.rt.vfs.link(&file.cred, &file.obj, &dir.obj, to.name).map_err(fail(ATTR_WCC))?;
+    put_post_op_attr(out, Some(&attr));
+    put_wcc(out, &wcc);
+    Ok(())
+}
+
+/// Cookie verifier: cookies are stable filesystem offsets, so one constant verifier is
+/// right, and it never invalidates a client's cached listing.
+const COOKIE_VERIFIER: [u8; 8] = [0; 8];
+
+/// READDIR and READDIRPLUS. `dircount` bounds the directory part (name, fileid, cookie),
+/// `maxcount` the whole reply.
+#[allow(clippy::too_many_arguments)]
+fn readdir(
+    state: &ServerState,
+    ctx: &CallContext,
+    fh: &[u8],
+    cookie: u64,
+    dircount: u32,
+    maxcount: u32,
+    plus: bool,
+    out: &mut XdrWriter,
+) -> ProcResult {
+    let adm = admit(state, ctx, fh, ATTR)?;
+    let maxcount = (maxcount as usize).min(MAX_IO as usize);
+    let dircount = if plus { dircount as usize } else { maxcount };
+    let attr_at = out.len();
+    out.bool(true);
+    out.fixed(&[0u8; FATTR3_SIZE]);
+    out.fixed(&COOKIE_VERIFIER);
+    // Fixed overhead: RPC reply header (24) + status, attributes, verifier, list end and eof.
+    let mut reply_used = 24 + 4 + 4 + FATTR3_SIZE + 8 + 8;
+    let mut dir_used = 0usize;
+    let mut entries = 0usize;
+    let mut too_small = false;
+    let end = adm
+        .rt
+        .vfs
+        .readdir(&adm.cred, &adm.obj, cookie, plus, &mut |e: DirEntry<'_>| {
+            let dir_part = 4 + 8 + 4 + pad4(e.name.len()) + 8;
+            let fh = e.plus.as_ref().map(|(o, _): &(ObjectId, Attr)| state.file_handle(adm.rt, o));
+            let plus_part = if plus { 4 + FATTR3_SIZE + 4 + 4 + fh.as_ref().map_or(0, |f| pad4(f.len())) } else { 0 };
+            if reply_used + dir_part + plus_part > maxcount || (plus && dir_used + dir_part > dircount.max(512)) {
+                too_small = entries == 0;
+                return false;
+            }
+            reply_used += dir_part + plus_part;
+            dir_used += dir_part;
+            entries += 1;
+            out.bool(true);
+            out.u64(e.fileid);
+            out.opaque(e.name);
+            out.u64(e.cookie);
+            if plus {
+                put_post_op_attr(out, e.plus.as_ref().map(|(_, a)| a));
+                put_post_op_fh(out, fh.as_deref());
+            }
+            true
+        })
+        .map_err(fail(ATTR))?;
+    if too_small {
+        return Err(Failure { status: Status::TooSmall, empty_optionals: ATTR, dir_attr: Some(end.dir_attr) });
+    }
+    out.bool(false);
+    out.bool(end.eof);
+    let mut attr = XdrWriter::with_capacity(FATTR3_SIZE);
+    put_fattr(&mut attr, &end.dir_attr);
+    out.patch_bytes(attr_at + 4, attr.as_slice());
+    Ok(())
+}
+
+fn fsstat(state: &ServerState, ctx: &CallContext, fh: &[u8], out: &mut XdrWriter) -> ProcResult {
+    let adm = admit(state, ctx, fh, ATTR)?;
+    let (s, attr) = adm.rt.vfs.fsstat(&adm.cred, &adm.obj).map_err(fail(ATTR))?;
+    put_post_op_attr(out, Some(&attr));
+    for v in [s.total_bytes, s.free_bytes, s.avail_bytes, s.total_files, s.free_files, s.avail_files] {
+        out.u64(v);
+    }
+    out.u32(0); // invarsec: the figures may change at any time
+    Ok(())
+}
+
+fn fsinfo(state: &ServerState, ctx: &CallContext, fh: &[u8], out: &mut XdrWriter) -> ProcResult {
+    const FSF_LINK: u32 = 0x1;
+    const FSF_SYMLINK: u32 = 0x2;
+    const FSF_HOMOGENEOUS: u32 = 0x8;
+    const FSF_CANSETTIME: u32 = 0x10;
+    let adm = admit(state, ctx, fh, ATTR)?;
+    let attr = adm.rt.vfs.getattr(&adm.cred, &adm.obj).map_err(fail(ATTR))?;
+    put_post_op_attr(out, Some(&attr));
+    out.u32(MAX_IO); // rtmax
+    out.u32(MAX_IO); // rtpref
+    out.u32(4096); // rtmult
+    out.u32(MAX_IO); // wtmax
+    out.u32(MAX_IO); // wtpref
+    out.u32(4096); // wtmult
+    out.u32(64 * 1024); // dtpref
+    out.u64(i64::MAX as u64); // maxfilesize
+    out.u32(0); // time_delta: nanosecond timestamps
+    out.u32(1);
+    out.u32(FSF_LINK | FSF_SYMLINK | FSF_HOMOGENEOUS | FSF_CANSETTIME);
+    Ok(())
+}
+
+fn pathconf(state: &ServerState, ctx: &CallContext, fh: &[u8], out: &mut XdrWriter) -> ProcResult {
+    let adm = admit(state, ctx, fh, ATTR)?;
+    let attr = adm.rt.vfs.getattr(&adm.cred, &adm.obj).map_err(fail(ATTR))?;
+    let pc = adm.rt.vfs.pathconf();
+    put_post_op_attr(out, Some(&attr));
+    out.u32(pc.link_max);
+    out.u32(pc.name_max);
+    out.bool(pc.no_trunc);
+    out.bool(pc.chown_restricted);
+    out.bool(pc.case_insensitive);
+    out.bool(pc.case_preserving);
+    Ok(())
+}
+
+fn commit(state: &ServerState, ctx: &CallContext, fh: &[u8], offset: u64, count: u32, out: &mut XdrWriter) -> ProcResult {
+    let adm = admit_write(state, ctx, fh, WCC)?;
+    let wcc: Wcc = adm.rt.vfs.commit(&adm.cred, &adm.obj, offset, count as u64).map_err(fail(WCC))?;
+    put_wcc(out, &wcc);
+    out.fixed(&adm.rt.vfs.write_verifier());
+    Ok(())
+}

@@ -1,0 +1,194 @@
+//! Embedded portmapper / rpcbind (RFC 1833): program 100000, versions 2–4.
+//!
+//! It answers only for the programs this server serves, so `mount -t nfs host:/path`
+//! works with no system rpcbind. SET and UNSET are refused: nothing else registers here.
+
+use crate::rpc::{CallContext, ProcError, RpcProgram};
+use crate::xdr::{XdrReader, XdrResult, XdrWriter};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::Arc;
+
+pub const PROGRAM: u32 = 100000;
+const IPPROTO_TCP: u32 = 6;
+const IPPROTO_UDP: u32 = 17;
+const MAX_STR: usize = 256;
+
+/// One registered service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mapping {
+    pub program: u32,
+    pub version: u32,
+    pub protocol: u32,
+    pub port: u16,
+}
+
+/// rpcb (versions 3 and 4) arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rpcb<'a> {
+    pub program: u32,
+    pub version: u32,
+    pub netid: &'a [u8],
+    pub addr: &'a [u8],
+    pub owner: &'a [u8],
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Args<'a> {
+    Null,
+    /// v2 SET/UNSET/GETPORT carry a mapping.
+    Mapping(u32, u32, u32, u32),
+    /// v3/v4 SET/UNSET/GETADDR/GETVERSADDR carry an rpcb.
+    Rpcb(Rpcb<'a>),
+    Dump,
+    GetTime,
+}
+
+impl<'a> Args<'a> {
+    /// `None`: a procedure this portmapper does not serve.
+    pub fn decode(version: u32, procedure: u32, r: &mut XdrReader<'a>) -> Option<XdrResult<Args<'a>>> {
+        let rpcb = |r: &mut XdrReader<'a>| -> XdrResult<Args<'a>> {
+            Ok(Args::Rpcb(Rpcb {
+                program: r.u32()?,
+                version: r.u32()?,
+                netid: r.opaque(MAX_STR)?,
+                addr: r.opaque(MAX_STR)?,
+                owner: r.opaque(MAX_STR)?,
+            }))
+        };
+        Some(match (version, procedure) {
+            (_, 0) => Ok(Args::Null),
+            (2, 1..=3) => (|| Ok(Args::Mapping(r.u32()?, r.u32()?, r.u32()?, r.u32()?)))(),
+            (3 | 4, 1..=3) | (4, 9) => rpcb(r),
+            (_, 4) => Ok(Args::Dump),
+            (3 | 4, 6) => Ok(Args::GetTime),
+            _ => return None,
+        })
+    }
+}
+
+pub struct Portmap {
+    /// Port of the NFS/MOUNT listener, known once it is bound.
+    nfs_port: Arc<AtomicU16>,
+    /// Port this portmapper answers on (111 normally).
+    own_port: u16,
+}
+
+impl Portmap {
+    pub fn new(nfs_port: Arc<AtomicU16>, own_port: u16) -> Self {
+        Self { nfs_port, own_port }
+    }
+
+    pub fn mappings(&self) -> Vec<Mapping> {
+        let nfs = self.nfs_port.load(Ordering::Relaxed);
+        let mut v = Vec::new();
+        for protocol in [IPPROTO_TCP, IPPROTO_UDP] {
+            for version in 2..=4 {
+                v.push(Mapping { program: PROGRAM, version, protocol, port: self.own_port });
+            }
+            v.push(Mapping { program: crate::nfs3::xdr::PROGRAM, version: 3, protocol, port: nfs });
+            v.push(Mapping { program: crate::mount3::PROGRAM, version: 3, protocol, port: nfs });
+        }
+        v
+    }
+
+    fn find(&self, program: u32, version: u32, protocol: u32) -> Option<u16> {
+        self.mappings().into_iter().find(|m| m.program == program && m.version == version && m.protocol == protocol).map(|m| m.port)
+    }
+
+    fn universal_address(local: SocketAddr, port: u16) -> String {
+        let ip = crate::exports::canonical_ip(local.ip());
+        match ip {
+            IpAddr::V4(v4) => format!("{}.{}.{}", v4, port >> 8, port & 0xff),
+            IpAddr::V6(v6) => format!("{}.{}.{}", v6, port >> 8, port & 0xff),
+        }
+    }
+
+    fn netid_protocol(netid: &[u8]) -> Option<u32> {
+        match netid {
+            b"tcp" | b"tcp6" => Some(IPPROTO_TCP),
+            b"udp" | b"udp6" => Some(IPPROTO_UDP),
+            _ => None,
+        }
+    }
+}
+
+impl RpcProgram for Portmap {
+    fn program(&self) -> u32 {
+        PROGRAM
+    }
+
+    fn versions(&self) -> (u32, u32) {
+        (2, 4)
+    }
+
+    fn call(&self, ctx: &CallContext, args: &mut XdrReader<'_>, out: &mut XdrWriter) -> Result<(), ProcError> {
+        let args = Args::decode(ctx.version, ctx.procedure, args).ok_or(ProcError::ProcUnavail)??;
+        match args {
+            Args::Null => {}
+            Args::Mapping(program, version, protocol, _) => match ctx.procedure {
+                3 => out.u32(self.find(program, version, protocol).unwrap_or(0) as u32),
+                _ => out.bool(false),
+            },
+            Args::Rpcb(rpcb) => match ctx.procedure {
+                3 | 9 => {
+                    let port = Self::netid_protocol(rpcb.netid).and_then(|p| self.find(rpcb.program, rpcb.version, p));
+                    let uaddr = port.map(|p| Self::universal_address(ctx.local, p)).unwrap_or_default();
+                    out.opaque(uaddr.as_bytes());
+                }
+                _ => out.bool(false),
+            },
+            Args::Dump if ctx.version == 2 => {
+                for m in self.mappings() {
+                    out.bool(true);
+                    for v in [m.program, m.version, m.protocol, m.port as u32] {
+                        out.u32(v);
+                    }
+                }
+                out.bool(false);
+            }
+            Args::Dump => {
+                for m in self.mappings() {
+                    let netid = if m.protocol == IPPROTO_TCP { "tcp" } else { "udp" };
+                    out.bool(true);
+                    out.u32(m.program);
+                    out.u32(m.version);
+                    out.opaque(netid.as_bytes());
+                    out.opaque(Self::universal_address(ctx.local, m.port).as_bytes());
+                    out.opaque(b"nasd");
+                }
+                out.bool(false);
+            }
+            Args::GetTime => {
+                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+                out.u32(now as u32);
+            }
+        }
+        Ok(())
+    }
+
+    fn procedure_name(&self, _version: u32, procedure: u32) -> &'static str {
+        const NAMES: [&str; 10] = ["NULL", "SET", "UNSET", "GETPORT", "DUMP", "CALLIT", "GETTIME", "UADDR2TADDR", "TADDR2UADDR", "GETVERSADDR"];
+        NAMES.get(procedure as usize).copied().unwrap_or("unknown")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn universal_addresses() {
+        assert_eq!(Portmap::universal_address("127.0.0.1:111".parse().unwrap(), 2049), "127.0.0.1.8.1");
+        assert_eq!(Portmap::universal_address("[::ffff:10.0.0.1]:111".parse().unwrap(), 20048), "10.0.0.1.78.80");
+    }
+
+    #[test]
+    fn getport_finds_only_served_programs() {
+        let pm = Portmap::new(Arc::new(AtomicU16::new(2049)), 111);
+        assert_eq!(pm.find(100003, 3, IPPROTO_TCP), Some(2049));
+        assert_eq!(pm.find(100005, 3, IPPROTO_UDP), Some(2049));
+        assert_eq!(pm.find(100003, 4, IPPROTO_TCP), None);
+        assert_eq!(pm.find(100021, 4, IPPROTO_TCP), None);
+    }
+}

@@ -1,0 +1,141 @@
+//! Turns one RPC record into one reply: header checks, program and version selection, the
+//! duplicate request cache, and metrics. Transport-independent.
+
+use super::drc::{DrcKey, DuplicateRequestCache, Lookup};
+use super::message::{self, AcceptError, HeaderError};
+use super::record::{begin_record, finish_record};
+use super::{CallContext, ProcError, RpcProgram, Transport};
+use crate::metrics::Metrics;
+use crate::xdr::XdrReader;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+pub struct Dispatcher {
+    programs: Vec<Arc<dyn RpcProgram>>,
+    drc: DuplicateRequestCache,
+    metrics: Arc<Metrics>,
+}
+
+/// Offset of the first result word in a framed accepted reply: record mark, then xid,
+/// message type, reply status, verifier flavor and length, accept status.
+const RESULTS_OFFSET: usize = 4 + 24;
+
+impl Dispatcher {
+    pub fn new(programs: Vec<Arc<dyn RpcProgram>>, drc_entries: usize, metrics: Arc<Metrics>) -> Self {
+        Self { programs, drc: DuplicateRequestCache::new(drc_entries), metrics }
+    }
+
+    pub fn drc(&self) -> &DuplicateRequestCache {
+        &self.drc
+    }
+
+    /// Handles one call. Returns the framed reply (record mark first; datagram transports
+    /// skip those 4 bytes), or `None` when nothing must be sent.
+    pub fn handle(&self, record: &[u8], peer: SocketAddr, local: SocketAddr, transport: Transport) -> Option<Arc<Vec<u8>>> {
+        let started = Instant::now();
+        let mut r = XdrReader::new(record);
+        let header = match message::decode_call(&mut r) {
+            Ok(h) => h,
+            Err(HeaderError::Unparseable) | Err(HeaderError::NotACall) => {
+                self.metrics.record_rpc_error("unparseable");
+                return None;
+            }
+            Err(HeaderError::RpcMismatch { xid }) => {
+                self.metrics.record_rpc_error("rpc_mismatch");
+                let mut w = begin_record(32);
+                message::encode_rpc_mismatch(&mut w, xid);
+                return Some(Arc::new(finish_record(w)));
+            }
+            Err(HeaderError::Auth { xid, stat }) => {
+                self.metrics.record_rpc_error("auth_error");
+                let mut w = begin_record(32);
+                message::encode_auth_error(&mut w, xid, stat);
+                return Some(Arc::new(finish_record(w)));
+            }
+        };
+        let xid = header.xid;
+        let Some(program) = self.programs.iter().find(|p| p.program() == header.program) else {
+            self.metrics.record_rpc_error("prog_unavail");
+            return Some(Self::accept_error(xid, AcceptError::ProgUnavail, (0, 0)));
+        };
+        let versions = program.versions();
+        if header.version < versions.0 || header.version > versions.1 {
+            self.metrics.record_rpc_error("prog_mismatch");
+            return Some(Self::accept_error(xid, AcceptError::ProgMismatch, versions));
+        }
+        let ctx = CallContext {
+            xid,
+            program: header.program,
+            version: header.version,
+            procedure: header.procedure,
+            credential: header.credential,
+            peer: SocketAddr::new(crate::exports::canonical_ip(peer.ip()), peer.port()),
+            local,
+            transport,
+        };
+        let drc_key = program
+            .is_non_idempotent(ctx.version, ctx.procedure)
+            .then(|| DrcKey::new(ctx.peer.ip(), xid, ctx.program, ctx.version, ctx.procedure, r.rest()));
+        if let Some(key) = &drc_key {
+            match self.drc.begin(key) {
+                Lookup::New => {}
+                Lookup::InProgress => {
+                    self.metrics.drc_hit();
+                    tracing::debug!(client = %ctx.peer, xid, "retransmit of a call still in progress dropped");
+                    return None;
+                }
+                Lookup::Replay(reply) => {
+                    self.metrics.drc_hit();
+                    tracing::debug!(client = %ctx.peer, xid, "retransmit answered from the duplicate request cache");
+                    return Some(reply);
+                }
+            }
+        }
+        let mut w = begin_record(512);
+        let header_at = w.len();
+        message::encode_success(&mut w, xid);
+        let outcome = program.call(&ctx, &mut r, &mut w);
+        let status_word = |w: &crate::xdr::XdrWriter| {
+            let b = w.as_slice();
+            (program.results_start_with_status(ctx.procedure) && b.len() >= RESULTS_OFFSET + 4)
+                .then(|| u32::from_be_bytes(b[RESULTS_OFFSET..RESULTS_OFFSET + 4].try_into().expect("4 bytes")))
+        };
+        let status = if outcome.is_ok() { status_word(&w) } else { None };
+        match outcome {
+            Ok(()) => {}
+            Err(ProcError::Drop) => {
+                if let Some(key) = &drc_key {
+                    self.drc.abandon(key);
+                }
+                return None;
+            }
+            Err(e) => {
+                w.truncate(header_at);
+                let (kind, err) = match e {
+                    ProcError::ProcUnavail => ("proc_unavail", AcceptError::ProcUnavail),
+                    ProcError::GarbageArgs => ("garbage_args", AcceptError::GarbageArgs),
+                    _ => ("system_err", AcceptError::SystemErr),
+                };
+                self.metrics.record_rpc_error(kind);
+                if let ProcError::Auth(stat) = e {
+                    message::encode_auth_error(&mut w, xid, stat);
+                } else {
+                    message::encode_accept_error(&mut w, xid, err, versions);
+                }
+            }
+        }
+        let reply = Arc::new(finish_record(w));
+        if let Some(key) = &drc_key {
+            self.drc.complete(key, reply.clone());
+        }
+        self.metrics.record_call(ctx.program, ctx.procedure, started.elapsed(), status);
+        Some(reply)
+    }
+
+    fn accept_error(xid: u32, err: AcceptError, versions: (u32, u32)) -> Arc<Vec<u8>> {
+        let mut w = begin_record(40);
+        message::encode_accept_error(&mut w, xid, err, versions);
+        Arc::new(finish_record(w))
+    }
+}

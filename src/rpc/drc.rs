@@ -1,0 +1,160 @@
+//! Duplicate request cache: a retransmitted non-idempotent call (same client address,
+//! XID, program, version, procedure and argument checksum) gets the original reply instead
+//! of running again. The key leaves out the client's port and connection, so a retransmit
+//! on a new connection after a reconnect is recognised too.
+
+use parking_lot::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Bytes of arguments covered by the checksum; with the total length this tells apart
+/// reused XIDs without hashing a whole 1 MiB WRITE.
+const CHECKSUM_PREFIX: usize = 1024;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct DrcKey {
+    client: IpAddr,
+    xid: u32,
+    program: u32,
+    version: u32,
+    procedure: u32,
+    args_len: usize,
+    args_sum: [u8; 16],
+}
+
+impl DrcKey {
+    pub fn new(client: IpAddr, xid: u32, program: u32, version: u32, procedure: u32, args: &[u8]) -> Self {
+        let head = &args[..args.len().min(CHECKSUM_PREFIX)];
+        let sum = blake3::hash(head);
+        let mut args_sum = [0u8; 16];
+        args_sum.copy_from_slice(&sum.as_bytes()[..16]);
+        Self { client, xid, program, version, procedure, args_len: args.len(), args_sum }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Entry {
+    InProgress,
+    Done(Arc<Vec<u8>>),
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// First sighting: run the call, then `complete` or `abandon` it.
+    New,
+    /// The original is still running: drop this copy, the client will retransmit.
+    InProgress,
+    /// Already answered: send this framed reply again.
+    Replay(Arc<Vec<u8>>),
+}
+
+pub struct DuplicateRequestCache {
+    capacity: usize,
+    inner: Mutex<Inner>,
+    hits: AtomicU64,
+}
+
+#[derive(Default)]
+struct Inner {
+    entries: HashMap<DrcKey, Entry>,
+    order: VecDeque<DrcKey>,
+}
+
+impl DuplicateRequestCache {
+    pub fn new(capacity: usize) -> Self {
+        Self { capacity: capacity.max(1), inner: Mutex::new(Inner::default()), hits: AtomicU64::new(0) }
+    }
+
+    pub fn begin(&self, key: &DrcKey) -> Lookup {
+        let mut inner = self.inner.lock();
+        match inner.entries.get(key) {
+            Some(Entry::InProgress) => {
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                Lookup::InProgress
+            }
+            Some(Entry::Done(reply)) => {
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                Lookup::Replay(reply.clone())
+            }
+            None => {
+                while inner.entries.len() >= self.capacity {
+                    match inner.order.pop_front() {
+                        Some(old) => {
+                            inner.entries.remove(&old);
+                        }
+                        None => break,
+                    }
+                }
+                inner.entries.insert(key.clone(), Entry::InProgress);
+                inner.order.push_back(key.clone());
+                Lookup::New
+            }
+        }
+    }
+
+    pub fn complete(&self, key: &DrcKey, reply: Arc<Vec<u8>>) {
+        let mut inner = self.inner.lock();
+        if let Some(e) = inner.entries.get_mut(key) {
+            *e = Entry::Done(reply);
+        }
+    }
+
+    /// Forgets a call that produced no reply, so a retransmit runs it.
+    pub fn abandon(&self, key: &DrcKey) {
+        let mut inner = self.inner.lock();
+        if matches!(inner.entries.get(key), Some(Entry::InProgress)) {
+            inner.entries.remove(key);
+        }
+    }
+
+    pub fn hits(&self) -> u64 {
+        self.hits.load(Ordering::Relaxed)
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.lock().entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(xid: u32, args: &[u8]) -> DrcKey {
+        DrcKey::new("127.0.0.1".parse().unwrap(), xid, 100003, 3, 8, args)
+    }
+
+    #[test]
+    fn replays_completed_and_drops_in_progress() {
+        let drc = DuplicateRequestCache::new(4);
+        let k = key(1, b"args");
+        assert_eq!(drc.begin(&k), Lookup::New);
+        assert_eq!(drc.begin(&k), Lookup::InProgress);
+        drc.complete(&k, Arc::new(vec![1, 2, 3]));
+        assert_eq!(drc.begin(&k), Lookup::Replay(Arc::new(vec![1, 2, 3])));
+        assert_eq!(drc.hits(), 2);
+        // Same XID, different arguments: a different call.
+        assert_eq!(drc.begin(&key(1, b"other")), Lookup::New);
+    }
+
+    #[test]
+    fn bounded_and_abandon_forgets() {
+        let drc = DuplicateRequestCache::new(3);
+        for x in 0..10 {
+            assert_eq!(drc.begin(&key(x, b"a")), Lookup::New);
+            drc.complete(&key(x, b"a"), Arc::new(vec![x as u8]));
+        }
+        assert_eq!(drc.len(), 3);
+        assert_eq!(drc.begin(&key(0, b"a")), Lookup::New, "oldest evicted");
+        let k = key(99, b"z");
+        assert_eq!(drc.begin(&k), Lookup::New);
+        drc.abandon(&k);
+        assert_eq!(drc.begin(&k), Lookup::New);
+    }
+}

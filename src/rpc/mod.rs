@@ -1,0 +1,77 @@
+//! ONC RPC v2 (RFC 5531): message headers, credentials, record marking, the duplicate
+//! request cache and the dispatch contract that every RPC program implements.
+//!
+//! Nothing here knows about NFS: a program is anything implementing [`RpcProgram`].
+
+pub mod auth;
+pub mod dispatch;
+pub mod drc;
+pub mod message;
+pub mod record;
+
+use crate::xdr::{XdrReader, XdrWriter};
+use std::net::SocketAddr;
+
+pub use auth::{AuthSys, Credential};
+pub use message::{AcceptError, AuthStat, CallHeader};
+
+/// What a procedure sees of the call it is serving.
+#[derive(Debug, Clone)]
+pub struct CallContext {
+    pub xid: u32,
+    pub program: u32,
+    pub version: u32,
+    pub procedure: u32,
+    pub credential: Credential,
+    /// The client's address (IPv4-mapped IPv6 already unmapped).
+    pub peer: SocketAddr,
+    /// The server address the call arrived at.
+    pub local: SocketAddr,
+    pub transport: Transport,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    Tcp,
+    Udp,
+}
+
+/// Outcome of a procedure, mapped to the accepted/denied reply by the dispatcher.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcError {
+    ProcUnavail,
+    GarbageArgs,
+    SystemErr,
+    Auth(AuthStat),
+    /// The request must not be answered (e.g. a retransmit of a call still in progress).
+    Drop,
+}
+
+impl From<crate::xdr::XdrError> for ProcError {
+    fn from(_: crate::xdr::XdrError) -> Self {
+        ProcError::GarbageArgs
+    }
+}
+
+/// One RPC program (NFS, MOUNT, portmap, ...). `call` decodes its arguments from `args`
+/// and appends the procedure's results to `out`, which already holds the accepted-reply
+/// header.
+pub trait RpcProgram: Send + Sync {
+    fn program(&self) -> u32;
+    /// Inclusive range of supported versions, reported in PROG_MISMATCH.
+    fn versions(&self) -> (u32, u32);
+    fn call(&self, ctx: &CallContext, args: &mut XdrReader<'_>, out: &mut XdrWriter) -> Result<(), ProcError>;
+    /// Whether replies to this procedure are kept in the duplicate request cache because
+    /// running it twice would not give the same result.
+    fn is_non_idempotent(&self, _version: u32, _procedure: u32) -> bool {
+        false
+    }
+    /// Whether a successful reply's results begin with a status word (counted in metrics).
+    fn results_start_with_status(&self, _procedure: u32) -> bool {
+        false
+    }
+    /// Short name of a procedure for logs and metrics.
+    fn procedure_name(&self, _version: u32, _procedure: u32) -> &'static str {
+        "unknown"
+    }
+}

@@ -1,0 +1,165 @@
+//! RPC record marking over stream transports (RFC 5531 section 11).
+//!
+//! A record is a sequence of fragments, each preceded by a 4-byte mark whose top bit
+//! flags the last fragment. The reader bounds the total record size and the number of
+//! fragments, and grows its buffer only as data actually arrives, so an announced but
+//! never-sent fragment costs no memory.
+
+use crate::xdr::XdrWriter;
+use thiserror::Error;
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+const LAST_FRAGMENT: u32 = 0x8000_0000;
+/// Buffer growth step while receiving a fragment.
+const READ_CHUNK: usize = 64 * 1024;
+
+#[derive(Debug, Clone, Copy)]
+pub struct RecordLimits {
+    pub max_record: usize,
+    pub max_fragments: usize,
+}
+
+impl Default for RecordLimits {
+    fn default() -> Self {
+        // 1 MiB WRITE payload plus headers.
+        Self { max_record: 1024 * 1024 + 64 * 1024, max_fragments: 1024 }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum RecordError {
+    #[error("record of at least {size} bytes exceeds the limit of {max}")]
+    TooLarge { size: usize, max: usize },
+    #[error("record has more than {max} fragments")]
+    TooManyFragments { max: usize },
+    #[error("connection closed in the middle of a record")]
+    Truncated,
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Reads one whole record into `buf` (cleared first). Returns `Ok(false)` on a clean end
+/// of stream between records.
+pub async fn read_record<R: AsyncRead + Unpin>(
+    r: &mut R,
+    limits: &RecordLimits,
+    buf: &mut Vec<u8>,
+) -> Result<bool, RecordError> {
+    buf.clear();
+    let mut fragments = 0usize;
+    loop {
+        let mut mark = [0u8; 4];
+        match read_full(r, &mut mark).await? {
+            0 if fragments == 0 => return Ok(false),
+            4 => {}
+            _ => return Err(RecordError::Truncated),
+        }
+        let mark = u32::from_be_bytes(mark);
+        let len = (mark & !LAST_FRAGMENT) as usize;
+        fragments += 1;
+        if fragments > limits.max_fragments {
+            return Err(RecordError::TooManyFragments { max: limits.max_fragments });
+        }
+        let total = buf.len() + len;
+        if total > limits.max_record {
+            return Err(RecordError::TooLarge { size: total, max: limits.max_record });
+        }
+        let mut need = len;
+        while need > 0 {
+            let step = need.min(READ_CHUNK);
+            let start = buf.len();
+            buf.resize(start + step, 0);
+            if read_full(r, &mut buf[start..]).await? != step {
+                return Err(RecordError::Truncated);
+            }
+            need -= step;
+        }
+        if mark & LAST_FRAGMENT != 0 {
+            return Ok(true);
+        }
+    }
+}
+
+/// Like `read_exact`, but reports how much was read before end of stream.
+async fn read_full<R: AsyncRead + Unpin>(r: &mut R, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        let n = r.read(&mut buf[got..]).await?;
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    Ok(got)
+}
+
+/// Starts a reply buffer with room for the record mark.
+pub fn begin_record(capacity: usize) -> XdrWriter {
+    let mut w = XdrWriter::with_capacity(capacity);
+    w.u32(0);
+    w
+}
+
+/// Fills in the record mark of a buffer started with [`begin_record`], as a single
+/// last fragment.
+pub fn finish_record(mut w: XdrWriter) -> Vec<u8> {
+    let len = (w.len() - 4) as u32;
+    w.patch_u32(0, LAST_FRAGMENT | len);
+    w.into_inner()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frag(data: &[u8], last: bool) -> Vec<u8> {
+        let mut v = ((data.len() as u32) | if last { LAST_FRAGMENT } else { 0 }).to_be_bytes().to_vec();
+        v.extend_from_slice(data);
+        v
+    }
+
+    async fn read_all(stream: &[u8], limits: RecordLimits) -> Result<Vec<Vec<u8>>, RecordError> {
+        let mut r = stream;
+        let mut out = Vec::new();
+        let mut buf = Vec::new();
+        while read_record(&mut r, &limits, &mut buf).await? {
+            out.push(buf.clone());
+        }
+        Ok(out)
+    }
+
+    #[tokio::test]
+    async fn joins_fragments_and_splits_records() {
+        let mut s = frag(b"ab", false);
+        s.extend(frag(b"", false));
+        s.extend(frag(b"cd", true));
+        s.extend(frag(b"xyz", true));
+        let recs = read_all(&s, RecordLimits::default()).await.unwrap();
+        assert_eq!(recs, vec![b"abcd".to_vec(), b"xyz".to_vec()]);
+    }
+
+    #[tokio::test]
+    async fn bounds_size_fragments_and_truncation() {
+        let limits = RecordLimits { max_record: 8, max_fragments: 3 };
+        // Announced size alone is rejected before anything is allocated.
+        let huge = (LAST_FRAGMENT | 0x7fff_ffff).to_be_bytes();
+        assert!(matches!(read_all(&huge, limits).await, Err(RecordError::TooLarge { .. })));
+        let mut many = Vec::new();
+        for _ in 0..4 {
+            many.extend(frag(b"", false));
+        }
+        assert!(matches!(read_all(&many, limits).await, Err(RecordError::TooManyFragments { .. })));
+        let mut cut = frag(b"abcdef", true);
+        cut.truncate(6);
+        assert!(matches!(read_all(&cut, limits).await, Err(RecordError::Truncated)));
+        assert!(matches!(read_all(&[0, 0], limits).await, Err(RecordError::Truncated)));
+    }
+
+    #[test]
+    fn reply_record_mark() {
+        let mut w = begin_record(16);
+        w.u32(5);
+        let v = finish_record(w);
+        assert_eq!(v, vec![0x80, 0, 0, 4, 0, 0, 0, 5]);
+    }
+}

@@ -1,0 +1,106 @@
+//! Server configuration: built from the command line, optionally from a TOML file.
+
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// NFS and MOUNT listen address (TCP and UDP).
+    pub listen: SocketAddr,
+    /// Also answer portmapper queries on `portmap_port` of the listen address.
+    pub portmap: bool,
+    pub portmap_port: u16,
+    /// Where the file-handle key lives; handles stay valid as long as it does.
+    pub state_dir: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics.
+    pub metrics: Option<SocketAddr>,
+    /// exports(5) file.
+    pub exports: Option<PathBuf>,
+    pub limits: Limits,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    pub max_connections: usize,
+    /// Requests one connection may have in flight (read but not yet answered).
+    pub max_requests_per_connection: usize,
+    /// Requests in flight across all connections; bounds memory.
+    pub max_requests_in_flight: usize,
+    pub max_record_bytes: usize,
+    /// Replies kept for retransmitted non-idempotent calls.
+    pub drc_entries: usize,
+    /// Open file objects cached per export.
+    pub open_objects: usize,
+    /// Close a connection that sends nothing for this long.
+    pub idle_timeout_secs: u64,
+    /// Close a connection whose replies cannot be sent for this long.
+    pub write_timeout_secs: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:2049".parse().expect("valid"),
+            portmap: false,
+            portmap_port: 111,
+            state_dir: None,
+            metrics: None,
+            exports: None,
+            limits: Limits::default(),
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: 4096,
+            max_requests_per_connection: 128,
+            max_requests_in_flight: 512,
+            max_record_bytes: 1024 * 1024 + 64 * 1024,
+            drc_entries: 8192,
+            open_objects: 8192,
+            idle_timeout_secs: 360,
+            write_timeout_secs: 60,
+        }
+    }
+}
+
+impl Config {
+    pub fn from_toml(text: &str) -> Result<Config, toml::de::Error> {
+        toml::from_str(text)
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        if let Some(d) = &self.state_dir {
+            return d.clone();
+        }
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            return PathBuf::from("/var/lib/nasd");
+        }
+        let base = std::env::var_os("XDG_STATE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
+            .unwrap_or_else(|| PathBuf::from("."));
+        base.join("nasd")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_overrides_defaults_and_rejects_unknown_keys() {
+        let c = Config::from_toml("listen = \"0.0.0.0:2050\"\nportmap = true\n[limits]\ndrc_entries = 10\n").unwrap();
+        assert_eq!(c.listen.port(), 2050);
+        assert!(c.portmap);
+        assert_eq!(c.limits.drc_entries, 10);
+        assert_eq!(c.limits.max_requests_per_connection, 128);
+        assert!(Config::from_toml("lisen = \"x\"").is_err());
+    }
+}

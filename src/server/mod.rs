@@ -1,0 +1,179 @@
+//! The server: configuration, listeners, per-connection tasks, limits and shutdown.
+
+mod config;
+mod metrics_http;
+pub mod state;
+mod tcp;
+mod udp;
+
+pub use config::{Config, Limits};
+
+use crate::backend::local::{creds, LocalConfig, LocalFs};
+use crate::exports::ExportTable;
+use crate::fh::HandleKey;
+use crate::metrics::Metrics;
+use crate::mount3::Mount3;
+use crate::nfs3::Nfs3;
+use crate::portmap::Portmap;
+use crate::rpc::dispatch::Dispatcher;
+use crate::rpc::record::RecordLimits;
+use crate::rpc::RpcProgram;
+use anyhow::Context;
+use state::{ExportRuntime, ServerState};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tokio::net::{TcpListener, UdpSocket};
+use tokio::sync::Semaphore;
+
+/// Everything a connection task needs.
+pub(crate) struct Shared {
+    pub dispatcher: Dispatcher,
+    pub metrics: Arc<Metrics>,
+    pub limits: Limits,
+    pub record_limits: RecordLimits,
+    /// Requests in flight across all connections.
+    pub global_requests: Arc<Semaphore>,
+}
+
+/// A bound server, ready to run.
+pub struct Server {
+    shared: Arc<Shared>,
+    state: Arc<ServerState>,
+    tcp: Vec<TcpListener>,
+    udp: Vec<Arc<UdpSocket>>,
+    metrics_listener: Option<TcpListener>,
+    local_addr: SocketAddr,
+}
+
+/// Startup failures that are the user's to fix (exit status 2).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+async fn bind_tcp(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr).await.map_err(|e| {
+        let hint = match e.kind() {
+            std::io::ErrorKind::AddrInUse => " (the address is in use: is another NFS server running?)",
+            std::io::ErrorKind::PermissionDenied => " (ports below 1024 need root)",
+            _ => "",
+        };
+        UsageError(format!("cannot listen on {addr}: {e}{hint}")).into()
+    })
+}
+
+async fn bind_udp(addr: SocketAddr) -> anyhow::Result<UdpSocket> {
+    UdpSocket::bind(addr).await.map_err(|e| UsageError(format!("cannot listen on udp {addr}: {e}")).into())
+}
+
+impl Server {
+    /// Opens every export and binds every listener; nothing is served until [`Server::run`].
+    pub async fn bind(config: &Config, table: ExportTable) -> anyhow::Result<Server> {
+        if table.exports.is_empty() {
+            return Err(UsageError("nothing to export".into()).into());
+        }
+        if !creds::init() {
+            tracing::warn!("not running as root: every client acts as the server's own user");
+        }
+        raise_fd_limit();
+        let state_dir = config.state_dir();
+        let key = HandleKey::load_or_create(&state_dir)
+            .with_context(|| format!("state directory {} (set --state-dir)", state_dir.display()))?;
+        let mut exports = Vec::new();
+        for export in table.exports {
+            if !export.path.is_dir() {
+                return Err(UsageError(format!("export {} is not a directory", export.path.display())).into());
+            }
+            // The vfs is opened with the first rule's sync flag; clients of one export
+            // share one backend, and `async` is decided per export.
+            let sync = export.rules.iter().all(|r| r.options.sync);
+            let vfs = LocalFs::open(&LocalConfig {
+                path: export.path.clone(),
+                fsid: export.id as u64,
+                sync,
+                cache_capacity: config.limits.open_objects,
+            })
+            .map_err(|e| UsageError(format!("{e:#}")))?;
+            tracing::info!(path = %export.path.display(), id = export.id, sync, "exporting");
+            exports.push(ExportRuntime { export, vfs: Arc::new(vfs) });
+        }
+        let mut metrics = Metrics::new();
+        metrics.register(crate::nfs3::xdr::PROGRAM, "nfs3", &crate::nfs3::xdr::proc::NAMES);
+        metrics.register(crate::mount3::PROGRAM, "mount3", &crate::mount3::proc::NAMES);
+        metrics.register(crate::portmap::PROGRAM, "portmap", &["NULL", "SET", "UNSET", "GETPORT", "DUMP", "CALLIT", "GETTIME", "UADDR2TADDR", "TADDR2UADDR", "GETVERSADDR"]);
+        let metrics = Arc::new(metrics);
+        let state = Arc::new(ServerState::new(exports, key, metrics.clone()));
+
+        let main_tcp = bind_tcp(config.listen).await?;
+        let local_addr = main_tcp.local_addr()?;
+        state.nfs_port.store(local_addr.port(), Ordering::Relaxed);
+        let mut tcp = vec![main_tcp];
+        let mut udp = vec![Arc::new(bind_udp(local_addr).await?)];
+        let pmap_port = if config.portmap { config.portmap_port } else { local_addr.port() };
+        if config.portmap {
+            let addr = SocketAddr::new(config.listen.ip(), config.portmap_port);
+            tcp.push(bind_tcp(addr).await?);
+            udp.push(Arc::new(bind_udp(addr).await?));
+        }
+        let metrics_listener = match config.metrics {
+            Some(addr) => Some(bind_tcp(addr).await?),
+            None => None,
+        };
+        let programs: Vec<Arc<dyn RpcProgram>> = vec![
+            Arc::new(Nfs3::new(state.clone())),
+            Arc::new(Mount3::new(state.clone())),
+            Arc::new(Portmap::new(state.nfs_port.clone(), pmap_port)),
+        ];
+        let shared = Arc::new(Shared {
+            dispatcher: Dispatcher::new(programs, config.limits.drc_entries, metrics.clone()),
+            metrics,
+            limits: config.limits.clone(),
+            record_limits: RecordLimits { max_record: config.limits.max_record_bytes, max_fragments: 1024 },
+            global_requests: Arc::new(Semaphore::new(config.limits.max_requests_in_flight)),
+        });
+        Ok(Server { shared, state, tcp, udp, metrics_listener, local_addr })
+    }
+
+    /// The NFS/MOUNT listening address (useful when binding port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_listener.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// Serves until `shutdown` completes.
+    pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+        let mut tasks = tokio::task::JoinSet::new();
+        for l in self.tcp {
+            tracing::info!(addr = %l.local_addr()?, "listening (tcp)");
+            tasks.spawn(tcp::accept_loop(l, self.shared.clone()));
+        }
+        for s in self.udp {
+            tracing::info!(addr = %s.local_addr()?, "listening (udp)");
+            tasks.spawn(udp::serve(s, self.shared.clone()));
+        }
+        if let Some(l) = self.metrics_listener {
+            tracing::info!(addr = %l.local_addr()?, "metrics at /metrics");
+            tasks.spawn(metrics_http::serve(l, self.shared.metrics.clone()));
+        }
+        shutdown.await;
+        tracing::info!("shutting down");
+        tasks.abort_all();
+        drop(self.state);
+        Ok(())
+    }
+}
+
+/// Open objects and connections each hold descriptors; ask for as many as allowed.
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: plain getrlimit/setrlimit with a valid struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max.min(1 << 20);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! State shared by every protocol: the exports with their storage, the file-handle key,
+//! the MOUNT table and metrics.
+
+use crate::exports::{canonical_ip, squash, Export, ExportOptions};
+use crate::fh::HandleKey;
+use crate::metrics::Metrics;
+use crate::rpc::CallContext;
+use crate::vfs::{Cred, ObjectId, Vfs, VfsError};
+use parking_lot::Mutex;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+pub struct ExportRuntime {
+    pub export: Export,
+    pub vfs: Arc<dyn Vfs>,
+}
+
+pub struct ServerState {
+    pub exports: Vec<ExportRuntime>,
+    pub handle_key: HandleKey,
+    /// (client address, mounted path) pairs for MOUNT DUMP.
+    pub mounts: Mutex<BTreeSet<(String, String)>>,
+    pub metrics: Arc<Metrics>,
+    /// The port NFS and MOUNT are served on (for the portmapper).
+    pub nfs_port: Arc<std::sync::atomic::AtomicU16>,
+}
+
+/// A call admitted to an export: the object, the client's options and the squashed
+/// identity to run as.
+pub struct Admitted<'a> {
+    pub rt: &'a ExportRuntime,
+    pub obj: ObjectId,
+    pub options: &'a ExportOptions,
+    pub cred: Cred,
+}
+
+impl ServerState {
+    pub fn new(exports: Vec<ExportRuntime>, handle_key: HandleKey, metrics: Arc<Metrics>) -> Self {
+        Self {
+            exports,
+            handle_key,
+            mounts: Mutex::new(BTreeSet::new()),
+            metrics,
+            nfs_port: Arc::new(std::sync::atomic::AtomicU16::new(0)),
+        }
+    }
+
+    pub fn export_by_id(&self, id: u32) -> Option<&ExportRuntime> {
+        self.exports.iter().find(|e| e.export.id == id)
+    }
+
+    /// The options this client gets on `rt`, or why it is refused.
+    pub fn client_options<'a>(&self, rt: &'a ExportRuntime, ctx: &CallContext) -> Result<&'a ExportOptions, VfsError> {
+        let ip = canonical_ip(ctx.peer.ip());
+        let opts = rt.export.options_for(ip).ok_or(VfsError::Access)?;
+        if opts.secure && ctx.peer.port() >= 1024 {
+            tracing::debug!(client = %ctx.peer, export = %rt.export.path.display(), "refused: source port is not privileged (export is 'secure')");
+            return Err(VfsError::Perm);
+        }
+        Ok(opts)
+    }
+
+    /// The export a MOUNT path names (by id) and the path below its root.
+    pub fn exports_table_lookup(&self, path: &str) -> Option<(u32, std::path::PathBuf)> {
+        let table = crate::exports::ExportTable { exports: self.exports.iter().map(|e| e.export.clone()).collect() };
+        table.for_mount_path(path).map(|(e, rest)| (e.id, rest))
+    }
+
+    pub fn file_handle(&self, rt: &ExportRuntime, obj: &ObjectId) -> Vec<u8> {
+        self.handle_key.encode(rt.export.id, obj)
+    }
+
+    /// Verifies a wire handle and admits the caller to its export.
+    pub fn admit(&self, ctx: &CallContext, fh: &[u8]) -> Result<Admitted<'_>, VfsError> {
+        let (export_id, obj) = self.handle_key.decode(fh)?;
+        let rt = self.export_by_id(export_id).ok_or(VfsError::Stale)?;
+        let options = self.client_options(rt, ctx)?;
+        let cred = squash(options, &ctx.credential);
+        Ok(Admitted { rt, obj, options, cred })
+    }
+}

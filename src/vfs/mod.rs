@@ -1,0 +1,272 @@
+//! The storage interface: the only door from protocol code to storage.
+//!
+//! Types here are protocol-neutral (no NFSv3 or NFSv4 wire types) so that every protocol
+//! version and every backend (local directory today, object storage later) meets here.
+//! Calls are synchronous; the server runs them on worker threads.
+
+mod error;
+
+pub use error::{VfsError, VfsResult};
+
+/// Longest backend object id. Wire handles add an export id and an authenticator and must
+/// still fit the 64 bytes of an NFSv3 handle.
+pub const MAX_OBJECT_ID: usize = 40;
+
+/// A backend's stable name for one file system object. It survives server restarts and
+/// renames; using it after the object is gone gives [`VfsError::Stale`].
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ObjectId {
+    len: u8,
+    bytes: [u8; MAX_OBJECT_ID],
+}
+
+impl ObjectId {
+    pub fn new(data: &[u8]) -> Option<Self> {
+        if data.len() > MAX_OBJECT_ID {
+            return None;
+        }
+        let mut bytes = [0u8; MAX_OBJECT_ID];
+        bytes[..data.len()].copy_from_slice(data);
+        Some(Self { len: data.len() as u8, bytes })
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
+}
+
+impl std::fmt::Debug for ObjectId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ObjectId(")?;
+        for b in self.as_bytes() {
+            write!(f, "{b:02x}")?;
+        }
+        write!(f, ")")
+    }
+}
+
+/// The identity an operation runs as, after export squashing.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Cred {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+impl Cred {
+    pub fn root() -> Self {
+        Self { uid: 0, gid: 0, groups: Vec::new() }
+    }
+
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.groups.contains(&gid)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Hash)]
+pub struct Timespec {
+    pub sec: i64,
+    pub nsec: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    Regular,
+    Directory,
+    BlockDevice,
+    CharDevice,
+    Symlink,
+    Socket,
+    Fifo,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attr {
+    pub kind: FileKind,
+    /// Permission bits including setuid, setgid and sticky (0o7777).
+    pub mode: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    /// Bytes of storage actually used.
+    pub used: u64,
+    pub rdev: (u32, u32),
+    pub fsid: u64,
+    pub fileid: u64,
+    pub atime: Timespec,
+    pub mtime: Timespec,
+    pub ctime: Timespec,
+}
+
+/// The attributes a client needs to validate its cache around a change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PreOpAttr {
+    pub size: u64,
+    pub mtime: Timespec,
+    pub ctime: Timespec,
+}
+
+impl From<&Attr> for PreOpAttr {
+    fn from(a: &Attr) -> Self {
+        Self { size: a.size, mtime: a.mtime, ctime: a.ctime }
+    }
+}
+
+/// Attributes of an object before and after a change (weak cache consistency).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Wcc {
+    pub before: Option<PreOpAttr>,
+    pub after: Option<Attr>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SetTime {
+    #[default]
+    Unchanged,
+    ServerNow,
+    Client(Timespec),
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SetAttrs {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: SetTime,
+    pub mtime: SetTime,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CreateHow {
+    /// Create or open an existing file (truncating if a size is given).
+    Unchecked(SetAttrs),
+    /// Fail with `Exist` if the name exists.
+    Guarded(SetAttrs),
+    /// Exactly-once create: a retry with the same verifier succeeds on the file the first
+    /// attempt made.
+    Exclusive([u8; 8]),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpecialNode {
+    Fifo,
+    Socket,
+    CharDevice(u32, u32),
+    BlockDevice(u32, u32),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Stability {
+    Unstable,
+    DataSync,
+    FileSync,
+}
+
+/// ACCESS bits; NFSv3 and NFSv4 share these values.
+pub mod access {
+    pub const READ: u32 = 0x01;
+    pub const LOOKUP: u32 = 0x02;
+    pub const MODIFY: u32 = 0x04;
+    pub const EXTEND: u32 = 0x08;
+    pub const DELETE: u32 = 0x10;
+    pub const EXECUTE: u32 = 0x20;
+}
+
+#[derive(Debug, Clone)]
+pub struct Created {
+    pub obj: ObjectId,
+    pub attr: Attr,
+    pub dir_wcc: Wcc,
+}
+
+#[derive(Debug, Clone)]
+pub struct ReadResult {
+    pub count: usize,
+    pub eof: bool,
+    pub attr: Attr,
+}
+
+#[derive(Debug, Clone)]
+pub struct WriteResult {
+    pub count: usize,
+    pub committed: Stability,
+    pub wcc: Wcc,
+}
+
+/// One directory entry handed to a READDIR consumer.
+#[derive(Debug, Clone)]
+pub struct DirEntry<'a> {
+    pub name: &'a [u8],
+    pub fileid: u64,
+    /// Resume point: passing it back continues after this entry.
+    pub cookie: u64,
+    /// Handle and attributes, when the caller asked for them (READDIRPLUS).
+    pub plus: Option<(ObjectId, Attr)>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ReadDirEnd {
+    pub eof: bool,
+    pub dir_attr: Attr,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsStat {
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    pub avail_bytes: u64,
+    pub total_files: u64,
+    pub free_files: u64,
+    pub avail_files: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PathConf {
+    pub link_max: u32,
+    pub name_max: u32,
+    pub no_trunc: bool,
+    pub chown_restricted: bool,
+    pub case_insensitive: bool,
+    pub case_preserving: bool,
+}
+
+/// A storage backend. Every method runs with `cred`'s permissions.
+pub trait Vfs: Send + Sync {
+    fn root(&self) -> ObjectId;
+    fn getattr(&self, cred: &Cred, obj: &ObjectId) -> VfsResult<Attr>;
+    /// `guard_ctime`: fail with `NotSync` unless the object's ctime equals it.
+    fn setattr(&self, cred: &Cred, obj: &ObjectId, attrs: &SetAttrs, guard_ctime: Option<Timespec>) -> VfsResult<Wcc>;
+    fn lookup(&self, cred: &Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<(ObjectId, Attr)>;
+    /// Returns which of the `mask` bits the caller is granted.
+    fn access(&self, cred: &Cred, obj: &ObjectId, mask: u32) -> VfsResult<(u32, Attr)>;
+    fn readlink(&self, cred: &Cred, obj: &ObjectId) -> VfsResult<(Vec<u8>, Attr)>;
+    /// Reads into `buf` (its length is the requested count).
+    fn read(&self, cred: &Cred, obj: &ObjectId, offset: u64, buf: &mut [u8]) -> VfsResult<ReadResult>;
+    fn write(&self, cred: &Cred, obj: &ObjectId, offset: u64, data: &[u8], stable: Stability) -> VfsResult<WriteResult>;
+    /// Makes everything written to the object durable.
+    fn commit(&self, cred: &Cred, obj: &ObjectId, offset: u64, count: u64) -> VfsResult<Wcc>;
+    fn create(&self, cred: &Cred, dir: &ObjectId, name: &[u8], how: &CreateHow) -> VfsResult<Created>;
+    fn mkdir(&self, cred: &Cred, dir: &ObjectId, name: &[u8], attrs: &SetAttrs) -> VfsResult<Created>;
+    fn symlink(&self, cred: &Cred, dir: &ObjectId, name: &[u8], target: &[u8], attrs: &SetAttrs) -> VfsResult<Created>;
+    fn mknod(&self, cred: &Cred, dir: &ObjectId, name: &[u8], node: SpecialNode, attrs: &SetAttrs) -> VfsResult<Created>;
+    fn remove(&self, cred: &Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<Wcc>;
+    fn rmdir(&self, cred: &Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<Wcc>;
+    fn rename(&self, cred: &Cred, from_dir: &ObjectId, from: &[u8], to_dir: &ObjectId, to: &[u8]) -> VfsResult<(Wcc, Wcc)>;
+    fn link(&self, cred: &Cred, obj: &ObjectId, dir: &ObjectId, name: &[u8]) -> VfsResult<(Attr, Wcc)>;
+    /// Lists `dir` from `cookie` (0 = start), offering entries to `accept` until it
+    /// returns false (reply full) or the directory ends.
+    fn readdir(
+        &self,
+        cred: &Cred,
+        dir: &ObjectId,
+        cookie: u64,
+        plus: bool,
+        accept: &mut dyn FnMut(DirEntry<'_>) -> bool,
+    ) -> VfsResult<ReadDirEnd>;
+    fn fsstat(&self, cred: &Cred, obj: &ObjectId) -> VfsResult<(FsStat, Attr)>;
+    fn pathconf(&self) -> PathConf;
+    /// Changes on every server start so clients resend uncommitted writes.
+    fn write_verifier(&self) -> [u8; 8];
+}
