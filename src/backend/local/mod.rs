@@ -177,8 +177,8 @@ impl LocalFs {
             if attr.kind == FileKind::Directory {
                 sys::openat(libc::AT_FDCWD, &path, libc::O_RDONLY | libc::O_DIRECTORY, 0)
             } else {
-                sys::openat(libc::AT_FDCWD, &path, libc::O_RDWR | libc::O_NOFOLLOW, 0)
-                    .or_else(|_| sys::openat(libc::AT_FDCWD, &path, libc::O_RDONLY | libc::O_NOFOLLOW, 0))
+                sys::openat(libc::AT_FDCWD, &path, libc::O_RDWR, 0)
+                    .or_else(|_| sys::openat(libc::AT_FDCWD, &path, libc::O_RDONLY, 0))
             }
         })?;
         let fd = Arc::new(fd);

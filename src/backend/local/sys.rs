@@ -259,7 +259,7 @@ pub fn utimens_fd(fd: RawFd, times: &[libc::timespec; 2]) -> VfsResult<()> {
     if r == 0 {
         return Ok(());
     }
-    if errno() != libc::EINVAL && errno() != libc::ENOENT {
+    if !matches!(errno(), libc::EINVAL | libc::ENOENT | libc::ENOTDIR) {
         return Err(last_err());
     }
     let path = proc_fd_path(fd);
