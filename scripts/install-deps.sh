@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs what building nasd and running its whole test suite needs on Debian 12:
+# the real NFS clients and peers the tests drive (libnfs, the Linux kernel client in a
+# qemu guest, fio's libnfs engine, NFS-Ganesha), and build tools.
+set -euo pipefail
+
+packages=(
+  build-essential pkg-config dpkg-dev       # fio and the libnfs helper are built from source
+  libnfs-utils libnfs-dev                   # userspace NFS client tools and library
+  qemu-system-x86 debootstrap e2fsprogs     # the kernel-client guest
+  iproute2 kmod                             # network namespaces for the guest
+  nfs-ganesha nfs-ganesha-vfs rpcbind       # the peer server
+  fonts-dejavu-core                         # text in benchmark plots
+  strace procps
+)
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps: run as root (apt-get, network namespaces and the guest need it)" >&2
+  exit 1
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# Debian starts ganesha when it is installed; the tests start their own instances.
+systemctl stop nfs-ganesha 2>/dev/null || true
+pkill -x ganesha.nfsd 2>/dev/null || true
+
+if ! command -v cargo >/dev/null; then
+  echo "install-deps: cargo is missing; install a Rust toolchain (1.75 or newer)" >&2
+  exit 1
+fi
+if ! python3 -c 'import pytest' 2>/dev/null; then
+  python3 -m pip install --quiet pytest || apt-get install -y -qq python3-pytest >/dev/null
+fi

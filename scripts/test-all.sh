@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs the dependencies, builds nasd and runs every test: unit tests, protocol and
+# hostile-input tests, libnfs and kernel-client integration tests, and the bench smoke.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/install-deps.sh
+
+echo "== build"
+cargo build --release --locked
+
+echo "== unit tests"
+cargo test --release --locked 2>&1 | tee target/cargo-test.log
+
+echo "== test rig (fio with libnfs, nfsh, kernel-client guest image)"
+(cd tests && python3 -m rig.fio >/dev/null && python3 -m rig.nfsh >/dev/null)
+(cd tests && python3 -c 'from rig import vm; print("guest image:", vm.ensure_image().rootfs)')
+
+echo "== integration tests (real clients)"
+python3 -m pytest -p no:cacheprovider -ra tests "$@"
