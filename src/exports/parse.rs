@@ -258,7 +258,7 @@ mod tests {
 "/srv/with space" -rw,async \
     *(insecure)   # trailing comment
 /srv/c
-/srv/d\040e fsid=7
+/srv/d\040e localhost(rw)
 "#;
         let t = parse_exports(text, "exports").unwrap();
         assert_eq!(t.exports.len(), 4);
@@ -278,7 +278,8 @@ mod tests {
         assert_eq!(c.rules[0].spec, ClientSpec::Anyone);
         assert_eq!(c.rules[0].options, ExportOptions::default());
         assert_eq!(t.exports[3].path, PathBuf::from("/srv/d e"));
-        assert!(matches!(t.exports[3].rules[0].spec, ClientSpec::Host(ref h, _) if h == "fsid=7"));
+        assert!(matches!(t.exports[3].rules[0].spec, ClientSpec::Host(ref h, _) if h == "localhost"));
+        assert!(parse_exports("/a fsid=7", "ex").unwrap_err().message.contains("bad client name"));
     }
 
     #[test]
