@@ -84,8 +84,8 @@ impl Server {
             if !export.path.is_dir() {
                 return Err(UsageError(format!("export {} is not a directory", export.path.display())).into());
             }
-            // The vfs is opened with the first rule's sync flag; clients of one export
-            // share one backend, and `async` is decided per export.
+            // All clients of an export share one backend, so durability is per export:
+            // it is `async` if any of its client rules says so.
             let sync = export.rules.iter().all(|r| r.options.sync);
             let vfs = LocalFs::open(&LocalConfig {
                 path: export.path.clone(),
