@@ -1,0 +1,269 @@
+"""ONC RPC layer, duplicate request cache, exclusive create and write stability,
+driven by the raw client in rig/rpc.py."""
+
+import os
+import socket
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `import rig`
+
+from rig.nasd import Nasd  # noqa: E402
+from rig import rpc  # noqa: E402
+from rig.rpc import (Nfs3Client, RpcClient, Packer, auth_sys, auth_raw, build_call, frame,  # noqa: E402
+                     nfs3_args, decode_result, NFS_PROG, MOUNT_PROG, NFS_V3)
+from integration._common import ROOT, make_export  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    export = make_export(tmp_path_factory.mktemp("rpc"))
+    with Nasd(export, args=["--no-root-squash"]) as n:
+        yield n
+
+
+@pytest.fixture
+def work(srv, request):
+    """A fresh directory in the export (on disk path, handle) for one test."""
+    d = Path(srv.export_dir) / request.node.name.replace("[", "_").replace("]", "")
+    d.mkdir()
+    with Nfs3Client(srv.host, srv.port, cred=ROOT) as c:
+        root = c.root(srv.export_dir)
+        r = c.lookup(root, d.name)
+        assert r.ok
+        yield d, r.fh
+
+
+# ------------------------------------------------------------ RPC errors
+
+PROTOS = ["tcp", "udp"]
+
+
+@pytest.mark.parametrize("proto", PROTOS)
+def test_null_procedures_succeed(srv, proto):
+    with RpcClient(srv.host, srv.port, proto=proto) as c:
+        for prog in (NFS_PROG, MOUNT_PROG):
+            r = c.call(prog, 3, 0)
+            assert r.success and r.results == b""
+        assert c.call(rpc.PMAP_PROG, 2, 0).success
+
+
+@pytest.mark.parametrize("proto", PROTOS)
+def test_unknown_program_is_prog_unavail(srv, proto):
+    with RpcClient(srv.host, srv.port, proto=proto) as c:
+        r = c.call(100099, 1, 0)
+        assert r.accepted and r.accept_stat == rpc.PROG_UNAVAIL
+
+
+@pytest.mark.parametrize("proto", PROTOS)
+def test_nfs_v4_is_prog_mismatch_3_3(srv, proto):
+    with RpcClient(srv.host, srv.port, proto=proto) as c:
+        r = c.call(NFS_PROG, 4, 0)
+        assert r.accepted and r.accept_stat == rpc.PROG_MISMATCH
+        assert r.mismatch == (3, 3)
+        r = c.call(NFS_PROG, 2, 0)
+        assert r.accept_stat == rpc.PROG_MISMATCH and r.mismatch == (3, 3)
+
+
+@pytest.mark.parametrize("proto", PROTOS)
+def test_unknown_procedure_is_proc_unavail(srv, proto):
+    with RpcClient(srv.host, srv.port, proto=proto) as c:
+        assert c.call(NFS_PROG, 3, 99).accept_stat == rpc.PROC_UNAVAIL
+        assert c.call(MOUNT_PROG, 3, 99).accept_stat == rpc.PROC_UNAVAIL
+
+
+@pytest.mark.parametrize("proto", PROTOS)
+def test_truncated_args_are_garbage_args(srv, proto):
+    with RpcClient(srv.host, srv.port, proto=proto, cred=ROOT) as c:
+        # GETATTR: a handle that claims 30 bytes but carries 3
+        r = c.call(NFS_PROG, 3, rpc.NFSPROC3_GETATTR, Packer().u32(30).raw(b"abc").bytes())
+        assert r.accepted and r.accept_stat == rpc.GARBAGE_ARGS
+        # WRITE cut off in the middle of its fixed fields
+        r = c.call(NFS_PROG, 3, rpc.NFSPROC3_WRITE, Packer().u32(0).u32(1).bytes())
+        assert r.accept_stat == rpc.GARBAGE_ARGS
+        r = c.call(MOUNT_PROG, 3, rpc.MOUNTPROC_MNT, b"\0\0")
+        assert r.accept_stat == rpc.GARBAGE_ARGS
+
+
+@pytest.mark.parametrize("proto", PROTOS)
+def test_rpc_version_3_is_rpc_mismatch(srv, proto):
+    with RpcClient(srv.host, srv.port, proto=proto) as c:
+        xid = c.next_xid()
+        r = c.call_raw(build_call(xid, NFS_PROG, 3, 0, rpcvers=3), xid)
+        assert not r.accepted and r.reject_stat == rpc.RPC_MISMATCH
+        assert r.mismatch == (2, 2)
+
+
+@pytest.mark.parametrize("proto", PROTOS)
+def test_auth_sys_with_17_groups_is_badcred(srv, proto):
+    with RpcClient(srv.host, srv.port, proto=proto) as c:
+        ok = c.call(NFS_PROG, 3, 0, cred=auth_sys(1000, 1000, gids=range(1, 17)))
+        assert ok.success, "16 groups must be accepted"
+        r = c.call(NFS_PROG, 3, 0, cred=auth_sys(1000, 1000, gids=range(1, 18)))
+        assert not r.accepted and r.reject_stat == rpc.AUTH_ERROR
+        assert r.auth_stat == rpc.AUTH_BADCRED
+
+
+@pytest.mark.parametrize("flavor", [6, 3, 99])  # RPCSEC_GSS, AUTH_DH, nonsense
+def test_unknown_auth_flavor_is_auth_error(srv, flavor):
+    with RpcClient(srv.host, srv.port) as c:
+        r = c.call(NFS_PROG, 3, 0, cred=auth_raw(flavor, b"\0" * 8))
+        assert not r.accepted and r.reject_stat == rpc.AUTH_ERROR
+        assert r.auth_stat in (rpc.AUTH_BADCRED, rpc.AUTH_REJECTEDCRED, rpc.AUTH_TOOWEAK)
+
+
+def test_multi_fragment_record_accepted(srv, work):
+    d, dfh = work
+    with Nfs3Client(srv.host, srv.port, cred=ROOT) as c:
+        xid, msg = c.build(NFS_PROG, 3, rpc.NFSPROC3_CREATE, nfs3_args.create(dfh, "frag", "guarded"))
+        wire = frame(msg, 3)
+        marks = []
+        pos = 0
+        while pos < len(wire):
+            (hdr,) = struct.unpack(">I", wire[pos:pos + 4])
+            marks.append(hdr)
+            pos += 4 + (hdr & 0x7FFFFFFF)
+        assert len(marks) == 3 and [m >> 31 for m in marks] == [0, 0, 1]
+        r = decode_result(rpc.NFSPROC3_CREATE, c.call_raw(msg, xid, fragments=3))
+        assert r.ok and r.fh
+        assert (d / "frag").is_file()
+        # seven fragments, boundaries falling inside header words
+        xid2, msg2 = c.build(NFS_PROG, 3, rpc.NFSPROC3_GETATTR, nfs3_args.fh(r.fh))
+        r2 = decode_result(rpc.NFSPROC3_GETATTR, c.call_raw(msg2, xid2, fragments=7))
+        assert r2.ok and r2.attr.fileid == os.stat(d / "frag").st_ino
+
+
+# ------------------------------------------------------------ DRC
+
+def _send_same(c: RpcClient, msg: bytes, xid: int) -> rpc.Reply:
+    c.send_msg(msg)
+    return c.wait_xid(xid)
+
+
+def test_drc_create_guarded_retransmit_same_reply(srv, work):
+    d, dfh = work
+    with Nfs3Client(srv.host, srv.port, cred=ROOT) as c:
+        xid, msg = c.build(NFS_PROG, 3, rpc.NFSPROC3_CREATE, nfs3_args.create(dfh, "g", "guarded"))
+        first = _send_same(c, msg, xid)
+        ino = os.stat(d / "g").st_ino
+        again = _send_same(c, msg, xid)
+        assert decode_result(rpc.NFSPROC3_CREATE, first).ok
+        assert again.raw == first.raw, "retransmit must get the cached reply byte for byte"
+        assert os.listdir(d) == ["g"] and os.stat(d / "g").st_ino == ino
+        # a genuinely new call (new XID) runs and fails
+        assert c.create(dfh, "g", how="guarded").status == rpc.NFS3ERR_EXIST
+
+
+def test_drc_remove_retransmit_is_ok_not_noent(srv, work):
+    d, dfh = work
+    (d / "victim").write_bytes(b"x")
+    with Nfs3Client(srv.host, srv.port, cred=ROOT) as c:
+        xid, msg = c.build(NFS_PROG, 3, rpc.NFSPROC3_REMOVE, nfs3_args.diropargs(dfh, "victim"))
+        first = _send_same(c, msg, xid)
+        assert decode_result(rpc.NFSPROC3_REMOVE, first).ok
+        assert not (d / "victim").exists()
+        again = _send_same(c, msg, xid)
+        assert decode_result(rpc.NFSPROC3_REMOVE, again).ok
+        assert again.raw == first.raw
+        assert c.remove(dfh, "victim").status == rpc.NFS3ERR_NOENT
+
+
+@pytest.mark.parametrize("what", ["create", "remove"])
+def test_drc_retransmit_on_new_tcp_connection(srv, work, what):
+    d, dfh = work
+    if what == "create":
+        args, proc = nfs3_args.create(dfh, "n", "guarded"), rpc.NFSPROC3_CREATE
+    else:
+        (d / "n").write_bytes(b"x")
+        args, proc = nfs3_args.diropargs(dfh, "n"), rpc.NFSPROC3_REMOVE
+    with Nfs3Client(srv.host, srv.port, cred=ROOT) as c1:
+        xid, msg = c1.build(NFS_PROG, 3, proc, args)
+        first = _send_same(c1, msg, xid)
+        port1 = c1.local_addr[1]
+    assert decode_result(proc, first).ok
+    assert (d / "n").exists() == (what == "create")
+    with Nfs3Client(srv.host, srv.port, cred=ROOT) as c2:
+        assert c2.local_addr[1] != port1
+        again = _send_same(c2, msg, xid)
+    assert again.raw == first.raw
+    assert (d / "n").exists() == (what == "create")
+
+
+def test_drc_udp_retransmit(srv, work):
+    d, dfh = work
+    with Nfs3Client(srv.host, srv.port, proto="udp", cred=ROOT) as c:
+        xid, msg = c.build(NFS_PROG, 3, rpc.NFSPROC3_MKDIR, nfs3_args.mkdir(dfh, "sub"))
+        first = _send_same(c, msg, xid)
+        again = _send_same(c, msg, xid)
+    assert decode_result(rpc.NFSPROC3_MKDIR, first).ok
+    assert again.raw == first.raw and (d / "sub").is_dir()
+
+
+def test_pipelined_calls_all_answered(srv, work):
+    d, dfh = work
+    names = [f"p{i:02d}" for i in range(50)]
+    with Nfs3Client(srv.host, srv.port, cred=ROOT) as c:
+        wire, xids = [], {}
+        for i, name in enumerate(names):
+            if i % 2:
+                xid, msg = c.build(NFS_PROG, 3, rpc.NFSPROC3_CREATE, nfs3_args.create(dfh, name, "guarded"))
+                xids[xid] = (rpc.NFSPROC3_CREATE, name)
+            else:
+                xid, msg = c.build(NFS_PROG, 3, rpc.NFSPROC3_GETATTR, nfs3_args.fh(dfh))
+                xids[xid] = (rpc.NFSPROC3_GETATTR, name)
+            wire.append(frame(msg))
+        c.send_raw(b"".join(wire))  # all 50 before reading anything
+        got = {}
+        while len(got) < len(xids):
+            r = c.recv_reply(timeout=20)
+            assert r.xid in xids and r.xid not in got, f"unexpected or duplicate reply xid {r.xid}"
+            got[r.xid] = decode_result(xids[r.xid][0], r)
+    assert all(r.ok for r in got.values())
+    assert sorted(os.listdir(d)) == names[1::2]
+
+
+# ------------------------------------------------------------ exclusive create
+
+def test_exclusive_create_verifier(srv, work):
+    d, dfh = work
+    v1, v2 = b"verfAAAA", b"verfBBBB"
+    with Nfs3Client(srv.host, srv.port, cred=ROOT) as c:
+        a = c.create(dfh, "ex", how="exclusive", verf=v1)
+        assert a.ok and a.fh
+        fileid = c.getattr(a.fh).attr.fileid
+        assert fileid == os.stat(d / "ex").st_ino
+        b = c.create(dfh, "ex", how="exclusive", verf=v1)  # new XID: a client retry
+        assert b.ok, f"same verifier must succeed, got {b.status}"
+        assert c.getattr(b.fh).attr.fileid == fileid
+        assert c.create(dfh, "ex", how="exclusive", verf=v2).status == rpc.NFS3ERR_EXIST
+        # a plain file that happens to exist is not "ours" either
+        (d / "plain").write_bytes(b"")
+        assert c.create(dfh, "plain", how="exclusive", verf=v1).status == rpc.NFS3ERR_EXIST
+
+
+# ------------------------------------------------------------ write stability
+
+def test_write_stability_and_verifier(tmp_path):
+    export = make_export(tmp_path)
+    (export / "f").write_bytes(b"")
+    with Nasd(export, args=["--no-root-squash"]) as n:
+        with Nfs3Client(n.host, n.port, cred=ROOT) as c:
+            fh = c.lookup(c.root(n.export_dir), "f").fh
+            w = c.write(fh, 0, b"sync-data", stable="file_sync")
+            assert w.ok and w.count == 9 and w.committed == rpc.FILE_SYNC
+            u = c.write(fh, 9, b"+unstable", stable="unstable")
+            assert u.ok and u.committed == rpc.UNSTABLE
+            assert u.verf == w.verf and len(u.verf) == 8
+            cm = c.commit(fh)
+            assert cm.ok and cm.verf == u.verf
+            assert (export / "f").read_bytes() == b"sync-data+unstable"
+            before = cm.verf
+        n.restart()
+        with Nfs3Client(n.host, n.port, cred=ROOT) as c:
+            u2 = c.write(fh, 0, b"S", stable="unstable")
+            assert u2.ok, "handle must survive the restart"
+            assert u2.verf != before, "write verifier must change across a restart"
+            assert c.commit(fh).verf == u2.verf
