@@ -1,0 +1,198 @@
+"""Access control: client address rules, ro, secure, squashing, AUTH_SYS identity."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `import rig`
+
+from rig.nasd import Nasd  # noqa: E402
+from rig import rpc  # noqa: E402
+from rig.rpc import Nfs3Client, RpcClient, auth_sys, NFS_PROG  # noqa: E402
+from integration._common import ROOT, make_export, write_exports  # noqa: E402
+
+IS_ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root (chown, privileged ports)")
+
+
+def _tree_snapshot(d: Path):
+    return sorted((str(p.relative_to(d)), p.lstat().st_mode, p.lstat().st_size, p.lstat().st_mtime_ns)
+                  for p in d.rglob("*"))
+
+
+# ------------------------------------------------------------ client address
+
+def test_exports_client_address_rule(tmp_path):
+    export = make_export(tmp_path)
+    (export / "f").write_bytes(b"secret")
+    ex = write_exports(tmp_path, [f"{export} 127.0.0.2(rw,no_root_squash,insecure)"])
+    with Nasd(exports_file=ex) as n:
+        # refused from 127.0.0.1
+        with Nfs3Client(n.host, n.port, src_addr="127.0.0.1", cred=ROOT) as c1:
+            r = c1.mnt(str(export))
+            assert r.status == rpc.MNT3ERR_ACCES
+        # allowed from 127.0.0.2
+        with Nfs3Client(n.host, n.port, src_addr="127.0.0.2", cred=ROOT) as c2:
+            root = c2.root(str(export))
+            fh = c2.lookup(root, "f").fh
+            assert c2.getattr(fh).ok
+            assert c2.read(fh).data == b"secret"
+        # the handle obtained by 127.0.0.2 is worthless from 127.0.0.1 (TCP and UDP)
+        for proto in ("tcp", "udp"):
+            with Nfs3Client(n.host, n.port, proto=proto, src_addr="127.0.0.1", cred=ROOT) as c1:
+                assert c1.getattr(fh).status == rpc.NFS3ERR_ACCES
+                assert c1.read(fh).status == rpc.NFS3ERR_ACCES
+                assert c1.getattr(root).status == rpc.NFS3ERR_ACCES
+                assert c1.remove(root, "f").status == rpc.NFS3ERR_ACCES
+    assert (export / "f").read_bytes() == b"secret"
+
+
+# ------------------------------------------------------------ ro
+
+def test_ro_export_refuses_every_modification(tmp_path):
+    export = make_export(tmp_path)
+    (export / "f").write_bytes(b"original")
+    (export / "d").mkdir()
+    before = _tree_snapshot(export)
+    with Nasd(export, args=["--ro", "--no-root-squash"]) as n, Nfs3Client(n.host, n.port, cred=ROOT) as c:
+        root = c.root(n.export_dir)
+        fh = c.lookup(root, "f").fh
+        assert c.read(fh).data == b"original", "reads work on a ro export"
+        results = {
+            "WRITE": c.write(fh, 0, b"X"),
+            "WRITE_UNSTABLE": c.write(fh, 0, b"X", stable="unstable"),
+            "CREATE": c.create(root, "new"),
+            "CREATE_EXCL": c.create(root, "newx", how="exclusive", verf=b"12345678"),
+            "SETATTR": c.setattr(fh, mode=0o600),
+            "SETATTR_SIZE": c.setattr(fh, size=0),
+            "REMOVE": c.remove(root, "f"),
+            "MKDIR": c.mkdir(root, "nd"),
+            "RENAME": c.rename(root, "f", root, "g"),
+            "LINK": c.link(fh, root, "hl"),
+            "SYMLINK": c.symlink(root, "sl", "f"),
+            "MKNOD": c.mknod_fifo(root, "fifo"),
+            "RMDIR": c.rmdir(root, "d"),
+            "COMMIT": c.commit(fh),
+        }
+        bad = {k: r.status for k, r in results.items() if r.status != rpc.NFS3ERR_ROFS}
+        assert not bad, f"expected NFS3ERR_ROFS(30) from all, got {bad}"
+    assert _tree_snapshot(export) == before
+    assert (export / "f").read_bytes() == b"original"
+
+
+def test_ro_option_in_exports_file(tmp_path):
+    export = make_export(tmp_path)
+    ex = write_exports(tmp_path, [f"{export} 127.0.0.1(ro,no_root_squash,insecure)"])
+    with Nasd(exports_file=ex) as n, Nfs3Client(n.host, n.port, cred=ROOT) as c:
+        root = c.root(str(export))
+        assert c.create(root, "x").status == rpc.NFS3ERR_ROFS
+        assert c.mkdir(root, "y").status == rpc.NFS3ERR_ROFS
+    assert os.listdir(export) == []
+
+
+# ------------------------------------------------------------ secure
+
+@needs_root
+def test_secure_requires_privileged_source_port(tmp_path):
+    export = make_export(tmp_path)
+    with Nasd(export, args=["--secure", "--no-root-squash"]) as n:
+        with Nfs3Client(n.host, n.port, src_port="privileged", cred=ROOT) as priv:
+            assert priv.local_addr[1] < 1024
+            root = priv.root(n.export_dir)
+            assert priv.getattr(root).ok
+            assert priv.create(root, "ok").ok
+        for proto in ("tcp", "udp"):
+            with Nfs3Client(n.host, n.port, proto=proto, cred=ROOT) as unpriv:
+                assert unpriv.local_addr[1] >= 1024
+                assert unpriv.mnt(n.export_dir).status != rpc.MNT3_OK
+                r = unpriv.getattr(root)
+                assert r.status in (rpc.NFS3ERR_PERM, rpc.NFS3ERR_ACCES), r.status
+                assert not unpriv.create(root, "bad").ok
+        with Nfs3Client(n.host, n.port, proto="udp", src_port="privileged", cred=ROOT) as upriv:
+            assert upriv.getattr(root).ok
+    assert os.listdir(export) == ["ok"]
+
+
+# ------------------------------------------------------------ squashing
+
+def _create_owner(n: Nasd, cred, name="f", export=None):
+    export = str(export or n.export_dir)
+    with Nfs3Client(n.host, n.port, cred=cred) as c:
+        root = c.root(export)
+        r = c.create(root, name, how="guarded")
+        assert r.ok, f"CREATE as {cred} failed: {r.status}"
+        st = os.stat(Path(export) / name)
+        assert (r.attr.uid, r.attr.gid) == (st.st_uid, st.st_gid), "reply attrs match the disk"
+        return st.st_uid, st.st_gid
+
+
+@needs_root
+@pytest.mark.parametrize("args,cred,expect", [
+    ([], auth_sys(0, 0), (65534, 65534)),                                          # root_squash default
+    (["--anonuid", "4321", "--anongid", "4322"], auth_sys(0, 0), (4321, 4322)),  # root_squash + anonuid
+    ([], auth_sys(1000, 1000), (1000, 1000)),                                      # non-root untouched
+    (["--no-root-squash"], auth_sys(0, 0), (0, 0)),
+    (["--all-squash", "--anonuid", "1234", "--anongid", "1234"], auth_sys(1000, 1000), (1234, 1234)),
+    (["--all-squash", "--anonuid", "1234", "--anongid", "1234"], auth_sys(0, 0), (1234, 1234)),
+    (["--no-root-squash"], rpc.AUTH_NONE_CRED, (65534, 65534)),                    # AUTH_NONE = anonymous
+], ids=["root_squash", "root_squash_anonuid", "nonroot", "no_root_squash",
+        "all_squash_user", "all_squash_root", "auth_none"])
+def test_squashing_sets_owner_on_disk(tmp_path, args, cred, expect):
+    export = make_export(tmp_path, mode=0o777)
+    with Nasd(export, args=args) as n:
+        assert _create_owner(n, cred) == expect
+
+
+@needs_root
+def test_squashing_from_exports_file(tmp_path):
+    export = make_export(tmp_path, mode=0o777)
+    ex = write_exports(tmp_path, [f"{export} 127.0.0.1(rw,all_squash,anonuid=2222,anongid=2223,insecure)"])
+    with Nasd(exports_file=ex) as n:
+        assert _create_owner(n, auth_sys(0, 0), export=export) == (2222, 2223)
+
+
+@needs_root
+def test_nonroot_user_permissions(tmp_path):
+    export = make_export(tmp_path, mode=0o755)
+    (export / "rootfile").write_bytes(b"root")
+    os.chmod(export / "rootfile", 0o644)
+    (export / "mine").write_bytes(b"mine")
+    os.chmod(export / "mine", 0o644)
+    os.chown(export / "mine", 1000, 1000)
+    user = auth_sys(1000, 1000, gids=[1000])
+    with Nasd(export) as n, Nfs3Client(n.host, n.port, cred=user) as c:
+        root = c.root(n.export_dir)
+        rf = c.lookup(root, "rootfile").fh
+        mf = c.lookup(root, "mine").fh
+        assert c.write(rf, 0, b"HACK").status == rpc.NFS3ERR_ACCES
+        assert c.setattr(rf, mode=0o666).status in (rpc.NFS3ERR_PERM, rpc.NFS3ERR_ACCES)
+        assert c.create(root, "newfile").status == rpc.NFS3ERR_ACCES  # dir is root's 0755
+        assert c.remove(root, "rootfile").status == rpc.NFS3ERR_ACCES
+        w = c.write(mf, 0, b"MINE")
+        assert w.ok and w.count == 4
+        assert c.read(rf).data == b"root", "reading a 0644 file is fine"
+    assert (export / "rootfile").read_bytes() == b"root"
+    assert (export / "mine").read_bytes() == b"MINE"
+    assert os.stat(export / "rootfile").st_mode & 0o777 == 0o644
+    assert sorted(os.listdir(export)) == ["mine", "rootfile"]
+
+
+@needs_root
+def test_supplementary_groups_grant_access_and_17_are_rejected(tmp_path):
+    export = make_export(tmp_path)
+    (export / "grp").write_bytes(b"g")
+    os.chown(export / "grp", 0, 3000)
+    os.chmod(export / "grp", 0o664)
+    with Nasd(export) as n:
+        with Nfs3Client(n.host, n.port, cred=auth_sys(1000, 1000, gids=[1000])) as c:
+            fh = c.lookup(c.root(n.export_dir), "grp").fh
+            assert c.write(fh, 0, b"X").status == rpc.NFS3ERR_ACCES
+        sixteen = [1000 + i for i in range(15)] + [3000]
+        with Nfs3Client(n.host, n.port, cred=auth_sys(1000, 1000, gids=sixteen)) as c:
+            assert c.write(fh, 0, b"Y").ok, "group 3000 (16th group) grants write"
+        with RpcClient(n.host, n.port, cred=auth_sys(1000, 1000, gids=sixteen + [3001])) as c:
+            r = c.call(NFS_PROG, 3, rpc.NFSPROC3_WRITE, rpc.nfs3_args.write(fh, 0, b"Z"))
+            assert not r.accepted and r.reject_stat == rpc.AUTH_ERROR and r.auth_stat == rpc.AUTH_BADCRED
+    assert (export / "grp").read_bytes() == b"Y"
