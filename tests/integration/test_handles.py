@@ -1,0 +1,226 @@
+"""File handle stability (restart, remove, rename) and escape attempts
+(forged handles, "..", symlinks, MOUNT paths, subdirectory exports)."""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `import rig`
+
+from rig.nasd import Nasd  # noqa: E402
+from rig import rpc  # noqa: E402
+from rig.rpc import Nfs3Client  # noqa: E402
+from rig.nfsh import nfsh_popen, parse_lines  # noqa: E402
+from integration._common import ROOT, make_export, write_exports  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    export = make_export(tmp_path_factory.mktemp("handles"))
+    with Nasd(export, args=["--no-root-squash"]) as n:
+        yield n
+
+
+@pytest.fixture
+def c(srv):
+    with Nfs3Client(srv.host, srv.port, cred=ROOT) as cl:
+        cl.export_root = cl.root(srv.export_dir)
+        yield cl
+
+
+# ------------------------------------------------------------ stability
+
+def test_hold_and_read_across_restart(tmp_path):
+    export = make_export(tmp_path)
+    data = os.urandom(100_000)
+    (export / "f").write_bytes(data)
+    with Nasd(export, args=["--no-root-squash"]) as n:
+        proc = nfsh_popen(n.url(), "hold-and-read", "/f", 7)
+        try:
+            time.sleep(2.0)
+            t_stop = time.time()
+            n.restart()
+            t_up = time.time()
+            out, err = proc.communicate(timeout=90)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0, err
+    lines = parse_lines(out)
+    attempts = [x for x in lines if "attempt" in x]
+    summary = lines[-1]
+    assert summary.get("summary") is True, (out, err)
+    bad = [a for a in attempts if not a["ok"]]
+    assert not bad, f"reads through the held handle failed: {bad}\n{err}"
+    assert {a["bytes"] for a in attempts} == {len(data)}
+    assert len({a["fnv1a"] for a in attempts}) == 1
+    # the handle really was used against the restarted server
+    assert any(a["wall"] > t_up for a in attempts), (t_stop, t_up, attempts)
+    assert any(a["wall"] < t_stop for a in attempts)
+
+
+def test_handle_survives_restart_raw(tmp_path):
+    export = make_export(tmp_path)
+    (export / "f").write_bytes(b"persist")
+    with Nasd(export, args=["--no-root-squash"]) as n:
+        with Nfs3Client(n.host, n.port, cred=ROOT) as cl:
+            fh = cl.lookup(cl.root(n.export_dir), "f").fh
+        n.restart()
+        with Nfs3Client(n.host, n.port, cred=ROOT) as cl:
+            assert cl.read(fh).data == b"persist"
+
+
+def test_handle_of_removed_file_is_stale(srv, c):
+    p = Path(srv.export_dir) / "gone"
+    p.write_bytes(b"x" * 100)
+    fh = c.lookup(c.export_root, "gone").fh
+    assert c.getattr(fh).ok and c.read(fh).ok  # warm any server-side cache
+    os.remove(p)
+    assert c.getattr(fh).status == rpc.NFS3ERR_STALE
+    assert c.read(fh).status == rpc.NFS3ERR_STALE
+    assert c.write(fh, 0, b"y").status == rpc.NFS3ERR_STALE
+    assert not p.exists()
+    # a new file with the same name is a different object: old handle stays stale
+    p.write_bytes(b"new")
+    assert c.getattr(fh).status == rpc.NFS3ERR_STALE
+    assert c.lookup(c.export_root, "gone").fh != fh
+
+
+def test_handle_of_removed_directory_is_stale(srv, c):
+    p = Path(srv.export_dir) / "gonedir"
+    p.mkdir()
+    fh = c.lookup(c.export_root, "gonedir").fh
+    assert c.readdir(fh).ok
+    p.rmdir()
+    assert c.getattr(fh).status == rpc.NFS3ERR_STALE
+    assert c.create(fh, "x").status == rpc.NFS3ERR_STALE
+
+
+def test_handle_survives_rename_on_disk(srv, c):
+    base = Path(srv.export_dir)
+    (base / "rn_a").mkdir()
+    (base / "rn_b").mkdir()
+    (base / "rn_a" / "f").write_bytes(b"renamed")
+    dfh = c.lookup(c.export_root, "rn_a").fh
+    fh = c.lookup(dfh, "f").fh
+    ino = os.stat(base / "rn_a" / "f").st_ino
+    os.rename(base / "rn_a" / "f", base / "rn_b" / "g")
+    r = c.getattr(fh)
+    assert r.ok and r.attr.fileid == ino
+    assert c.read(fh).data == b"renamed"
+    os.rename(base / "rn_a", base / "rn_c")  # the directory too
+    assert c.getattr(dfh).ok
+    assert c.create(dfh, "made-after-rename").ok
+    assert (base / "rn_c" / "made-after-rename").exists()
+
+
+# ------------------------------------------------------------ escapes
+
+def test_flipped_handle_bytes_never_ok(srv, c):
+    p = Path(srv.export_dir) / "flip"
+    p.write_bytes(b"flip")
+    handles = [c.export_root, c.lookup(c.export_root, "flip").fh]
+    for fh in handles:
+        assert c.getattr(fh).ok
+        for i in range(len(fh)):
+            for mask in (0x01, 0xFF):
+                bad = bytearray(fh)
+                bad[i] ^= mask
+                r = c.getattr(bytes(bad))
+                assert r.status in (rpc.NFS3ERR_STALE, rpc.NFS3ERR_BADHANDLE), \
+                    f"byte {i} ^ {mask:#x}: status {r.status}"
+        # truncated / extended / empty
+        for bad in (fh[:-1], fh + b"\0", b"", fh[:6]):
+            assert c.getattr(bad).status in (rpc.NFS3ERR_STALE, rpc.NFS3ERR_BADHANDLE)
+        assert c.read(bytes([fh[0] ^ 0xFF]) + fh[1:]).status in (rpc.NFS3ERR_STALE, rpc.NFS3ERR_BADHANDLE)
+
+
+def test_handle_from_other_server_key_is_stale(tmp_path, srv, c):
+    """Same export directory, different state dir (= different handle key)."""
+    fh = c.export_root
+    with Nasd(srv.export_dir, args=["--no-root-squash"]) as other, \
+            Nfs3Client(other.host, other.port, cred=ROOT) as oc:
+        assert oc.getattr(fh).status == rpc.NFS3ERR_STALE
+
+
+def test_lookup_dotdot_at_export_root_is_root(srv, c):
+    root_id = c.getattr(c.export_root).attr.fileid
+    assert root_id == os.stat(srv.export_dir).st_ino
+    r = c.lookup(c.export_root, "..")
+    assert r.ok and r.attr.fileid == root_id
+    assert c.getattr(r.fh).attr.fileid == root_id
+    r2 = c.lookup(r.fh, "..")
+    assert r2.ok and r2.attr.fileid == root_id
+    # readdir of the root: ".." names the root as well (or is left out)
+    ents = {name: fid for fid, name, _ in c.readdir_all(c.export_root)}
+    assert ents.get("..", root_id) == root_id
+
+
+def test_lookup_of_names_with_slash_fails(srv, c):
+    for name in ("../..", "sub/../..", "/etc", "a/b", "..\0"):
+        r = c.lookup(c.export_root, name)
+        assert not r.ok, f"LOOKUP {name!r} must fail"
+
+
+def test_symlink_pointing_out_of_export(srv, c):
+    link = Path(srv.export_dir) / "etc_link"
+    os.symlink("/etc", link)
+    r = c.lookup(c.export_root, "etc_link")
+    assert r.ok and r.attr.type == rpc.NF3LNK
+    assert c.read(r.fh).status != rpc.NFS3_OK
+    assert c.readdir(r.fh).status != rpc.NFS3_OK
+    assert not c.lookup(r.fh, "passwd").ok, "LOOKUP through a symlink handle must fail"
+    assert not c.create(r.fh, "planted").ok
+    assert not os.path.exists("/etc/planted")
+    rl = c.readlink(r.fh)
+    assert rl.ok and rl.target == "/etc"
+    # the same with a relative symlink climbing out
+    os.symlink("../../../../../../../../etc/passwd", Path(srv.export_dir) / "rel_link")
+    r = c.lookup(c.export_root, "rel_link")
+    assert r.ok and r.attr.type == rpc.NF3LNK
+    assert c.read(r.fh).status != rpc.NFS3_OK
+    assert c.readlink(r.fh).target == "../../../../../../../../etc/passwd"
+
+
+def test_mount_escape_paths_refused(srv, c):
+    base = srv.export_dir
+    os.symlink("/etc", Path(base) / "mnt_etc")
+    os.mkdir(Path(base) / "realsub")
+    for path in ("/../../etc", f"{base}/../../etc", f"{base}/..", f"{base}/mnt_etc",
+                 f"{base}/realsub/../../..", "/etc", f"{base}/mnt_etc/ssl"):
+        r = c.mnt(path)
+        assert r.status != rpc.MNT3_OK, f"MNT {path!r} must be refused"
+    # while a real subdirectory is fine
+    r = c.mnt(f"{base}/realsub")
+    assert r.ok and c.getattr(r.fh).attr.fileid == os.stat(Path(base) / "realsub").st_ino
+
+
+def test_subdirectory_export_dotdot_stays_inside(tmp_path):
+    top = make_export(tmp_path, "X")
+    sub = top / "sub"
+    sub.mkdir()
+    (top / "outside").write_bytes(b"must not be reachable")
+    (sub / "inside").write_bytes(b"ok")
+    ex = write_exports(tmp_path, [f"{sub} 127.0.0.1(rw,no_root_squash,insecure)"])
+    with Nasd(exports_file=ex) as n, Nfs3Client(n.host, n.port, cred=ROOT) as cl:
+        assert cl.mnt(str(top)).status != rpc.MNT3_OK, "the parent is not exported"
+        root = cl.root(str(sub))
+        sub_id = cl.getattr(root).attr.fileid
+        assert sub_id == os.stat(sub).st_ino
+        r = cl.lookup(root, "..")
+        assert r.ok and r.attr.fileid == sub_id != os.stat(top).st_ino
+        assert not cl.lookup(r.fh, "outside").ok
+        assert not cl.lookup(root, "outside").ok
+        names = {name for _, name, _ in cl.readdir_all(r.fh)}
+        assert "outside" not in names and "inside" in names
+        # a subdirectory of the export, then ".." twice
+        d = cl.mkdir(root, "deeper")
+        assert d.ok
+        up = cl.lookup(d.fh, "..")
+        assert up.ok and up.attr.fileid == sub_id
+        up2 = cl.lookup(up.fh, "..")
+        assert up2.ok and up2.attr.fileid == sub_id
