@@ -1,0 +1,681 @@
+"""POSIX semantics of nasd through the Linux kernel NFSv3 client.
+
+Three guest boots (each ~13 s under TCG plus its workload), shared by the
+test functions of this module through module-scoped fixtures:
+
+* ``posix_run``: nasd ``--no-root-squash``, explicit ports; sections for
+  create/append/truncate/chmod+chown/rename/hard links/symlinks/mkdir -p/
+  a 10,000-file tree/FIFO/unpacking a real source tarball (+ cp -r, rm -rf).
+  The guest prints ``key: value`` lines; the host checks them and the export
+  dir afterwards (os.stat, sha256, a local ``tar -x`` of the same tarball).
+* ``squash_run``: two servers in one namespace: nasd with the default
+  root_squash on 2049 (explicit ports), and nasd ``--portmap`` on 2050 that
+  the guest mounts with only ``vers=3,nolock`` (ports from the embedded
+  portmapper on 111).
+* ``restart_run``: the guest holds open fds on a file, reads half of it,
+  asks the host (a marker file created through NFS) to kill -9 nasd; the host
+  keeps it down for a few seconds and starts it again with the same state
+  dir, while the guest continues reading from the old fd (old file handle).
+
+    python3 -m pytest tests/kernel-client/test_posix.py -s
+    NASD_KEEP_GUEST=1 ...   # keep the guest's share dir (stdout/stderr/console)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+TESTS = HERE.parent
+for p in (str(TESTS), str(HERE)):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+from rig import vm  # noqa: E402
+from rig.nasd import Nasd, default_binary  # noqa: E402
+from rig.netns import Netns  # noqa: E402
+import posix_helpers as ph  # noqa: E402
+
+M = "/mnt/nfs"
+BLOB_SIZE = 3 * 1024 * 1024 + 12345          # not a multiple of any block size
+HELLO = "hello from the host\n"
+
+
+def _prereq_skip() -> str | None:
+    if os.geteuid() != 0:
+        return "kernel-client tests need root (netns, debootstrap)"
+    if not shutil.which("qemu-system-x86_64"):
+        return "qemu-system-x86_64 missing: apt-get install qemu-system-x86"
+    if not shutil.which("ip"):
+        return "ip missing: apt-get install iproute2"
+    cached = (vm.default_cache_dir() / f"image-{vm.recipe_hash()}" / "recipe").exists()
+    if not cached and not (shutil.which("debootstrap") and shutil.which("mke2fs")):
+        return "debootstrap/mke2fs missing: apt-get install debootstrap e2fsprogs"
+    if not default_binary().exists():
+        return "nasd binary not built: run cargo build --release (or set NASD_BINARY)"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_prereq_skip() is not None, reason=str(_prereq_skip()))
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _file_sha(path: Path) -> str:
+    return _sha(path.read_bytes())
+
+
+class Run:
+    """What one guest boot left behind."""
+
+    def __init__(self, res: vm.GuestResult, export: Path, **extra):
+        self.res = res
+        self.kv = ph.parse_kv(res.stdout)
+        self.export = export
+        self.__dict__.update(extra)
+
+    def section_ok(self, name: str) -> None:
+        rc = self.kv.get(f"result {name}")
+        assert rc == "0", (f"guest section {name!r} failed (rc={rc}); guest stderr "
+                           f"tail:\n{self._stderr_of(name)}")
+
+    def _stderr_of(self, name: str) -> str:
+        err = self.res.stderr
+        i = err.find(f"===== section {name}\n")
+        if i >= 0:
+            j = err.find("===== section ", i + 10)
+            err = err[i:j if j >= 0 else len(err)]
+        return err[-3000:]
+
+    def __getitem__(self, key: str) -> str:
+        assert key in self.kv, f"guest printed no {key!r}:\n{self.res.stdout[-2000:]}"
+        return self.kv[key]
+
+
+def _report(name: str, res: vm.GuestResult, srv_logs: str) -> None:
+    print(f"\n===== {name}: rc={res.rc} ({res.seconds:.1f}s) =====")
+    print(f"--- stdout ---\n{res.stdout}")
+    print(f"--- stderr (tail) ---\n{res.stderr[-6000:]}")
+    if res.rc != 0 or "FAIL" in res.stdout:
+        print(f"--- console tail ---\n{res.console[-3000:]}")
+    print(f"--- nasd log (tail) ---\n{srv_logs[-3000:]}")
+
+
+def _sections(texts: dict[str, str]) -> dict[str, str]:
+    return {f"sec/{name}.sh": f"M={M}\n" + body for name, body in texts.items()}
+
+
+@pytest.fixture(scope="module")
+def guest_image() -> vm.Image:
+    return vm.ensure_image()
+
+
+# ===================================================================== posix
+POSIX_SECTIONS = {
+    "create": r"""
+cp /share/blob.bin $M/blob.bin
+printf 'hello nfs\n' > $M/hello.txt
+echo 3 > /proc/sys/vm/drop_caches
+echo "create.sha: $(sha256sum < $M/blob.bin | cut -d' ' -f1)"
+echo "create.size: $(stat -c %s $M/blob.bin)"
+echo "create.hello: $(cat $M/hello.txt)"
+echo "create.host_hello: $(cat $M/host-hello.txt)"
+""",
+    "append": r"""
+printf 'one\n' > $M/app.txt
+printf 'two\n' >> $M/app.txt
+printf 'three\n' >> $M/app.txt
+head -c 100000 /share/blob.bin > $M/app.bin
+tail -c +100001 /share/blob.bin >> $M/app.bin
+echo 3 > /proc/sys/vm/drop_caches
+echo "append.txt: $(tr '\n' ',' < $M/app.txt)"
+echo "append.sha: $(sha256sum < $M/app.bin | cut -d' ' -f1)"
+""",
+    "truncate": r"""
+cp /share/blob.bin $M/trunc.bin
+truncate -s 1000 $M/trunc.bin
+echo "trunc.small_size: $(stat -c %s $M/trunc.bin)"
+echo 3 > /proc/sys/vm/drop_caches
+echo "trunc.small_sha: $(sha256sum < $M/trunc.bin | cut -d' ' -f1)"
+truncate -s 5000 $M/trunc.bin
+echo 3 > /proc/sys/vm/drop_caches
+echo "trunc.large_size: $(stat -c %s $M/trunc.bin)"
+echo "trunc.head_sha: $(head -c 1000 $M/trunc.bin | sha256sum | cut -d' ' -f1)"
+echo "trunc.tail_nonzero: $(tail -c 4000 $M/trunc.bin | tr -d '\000' | wc -c)"
+echo "trunc.tail_len: $(tail -c 4000 $M/trunc.bin | wc -c)"
+cp /share/blob.bin $M/trunc0.bin
+: > $M/trunc0.bin
+echo "trunc.zero_size: $(stat -c %s $M/trunc0.bin)"
+""",
+    "perms": r"""
+echo data > $M/own.txt
+chown 1234:5678 $M/own.txt
+chmod 0754 $M/own.txt
+touch -m -d @981173106 $M/own.txt
+mkdir $M/privdir
+chown 4321:4321 $M/privdir
+chmod 0700 $M/privdir
+echo x > $M/sgid.txt
+chmod 2755 $M/sgid.txt
+mkdir $M/sticky
+chmod 1777 $M/sticky
+echo 3 > /proc/sys/vm/drop_caches
+echo "perms.own: $(stat -c '%u %g %a %Y' $M/own.txt)"
+echo "perms.privdir: $(stat -c '%u %g %a' $M/privdir)"
+echo "perms.sgid: $(stat -c '%a' $M/sgid.txt)"
+echo "perms.sticky: $(stat -c '%a' $M/sticky)"
+""",
+    "rename": r"""
+mkdir $M/r1 $M/r2 $M/r1/sub
+echo moved > $M/r1/file
+echo inner > $M/r1/sub/inner
+mv $M/r1/file $M/r2/renamed
+mv $M/r1/sub $M/r2/sub2
+echo new > $M/r2/a
+echo old > $M/r1/b
+mv $M/r2/a $M/r1/b
+echo 3 > /proc/sys/vm/drop_caches
+echo "rename.content: $(cat $M/r2/renamed)"
+echo "rename.inner: $(cat $M/r2/sub2/inner)"
+echo "rename.over: $(cat $M/r1/b)"
+echo "rename.r1: $(ls -A $M/r1 | tr '\n' ' ')"
+echo "rename.r2: $(ls -A $M/r2 | tr '\n' ' ')"
+""",
+    "hardlink": r"""
+echo linked > $M/hl1
+mkdir $M/hld
+ln $M/hl1 $M/hld/hl2
+echo "link.nlink: $(stat -c %h $M/hl1) $(stat -c %h $M/hld/hl2)"
+i1=$(stat -c %i $M/hl1); i2=$(stat -c %i $M/hld/hl2)
+if [ "$i1" = "$i2" ]; then echo "link.same_inode: yes"; else echo "link.same_inode: no $i1 $i2"; fi
+echo " more" >> $M/hld/hl2
+echo 3 > /proc/sys/vm/drop_caches
+echo "link.content: $(tr '\n' '|' < $M/hl1)"
+""",
+    "symlink": r"""
+mkdir $M/sl
+echo target-data > $M/sl/target
+ln -s target $M/sl/rel
+ln -s ../host-hello.txt $M/sl/up
+ln -s /nonexistent/x $M/sl/dangling
+echo 3 > /proc/sys/vm/drop_caches
+echo "symlink.rel: $(readlink $M/sl/rel)"
+echo "symlink.follow: $(cat $M/sl/rel)"
+echo "symlink.up: $(cat $M/sl/up)"
+echo "symlink.dangling: $(readlink $M/sl/dangling)"
+echo "symlink.type: $(stat -c %F $M/sl/rel)"
+echo "symlink.ltype: $(stat -L -c %F $M/sl/rel)"
+if [ -e $M/sl/dangling ]; then echo "symlink.dangling_exists: yes"; else echo "symlink.dangling_exists: no"; fi
+""",
+    "mkdirp": r"""
+mkdir -p $M/a/b/c/d
+echo "mkdirp.tree: $(cd $M && find a | sort | tr '\n' ' ')"
+""",
+    "fifo": r"""
+mkfifo -m 0640 $M/fifo
+echo 3 > /proc/sys/vm/drop_caches
+echo "fifo.type: $(stat -c %F $M/fifo)"
+echo "fifo.mode: $(stat -c %a $M/fifo)"
+(echo through-the-fifo > $M/fifo &)
+echo "fifo.data: $(timeout 30 cat $M/fifo)"
+""",
+    "tree10k": r"""
+mkdir $M/tree
+cd $M/tree
+t0=$(date +%s)
+for i in $(seq 0 99); do
+    mkdir d$i
+    (cd d$i && seq -f 'f%g' 0 99 | xargs touch)
+done
+t1=$(date +%s)
+echo "tree.count: $(find . -type f | wc -l)"
+echo "tree.dirs: $(find . -mindepth 1 -type d | wc -l)"
+echo "tree.d7: $(ls d7 | wc -l)"
+cd /
+t2=$(date +%s)
+rm -rf $M/tree/*
+t3=$(date +%s)
+echo "tree.left: $(ls -A $M/tree | wc -l)"
+echo "tree.seconds: create $((t1-t0)) rm $((t3-t2))"
+""",
+    "tarball": r"""
+mkdir $M/src /tmp/ref
+tar -C /tmp/ref -xf /share/src.tar
+tar -C $M/src -xf /share/src.tar
+echo 3 > /proc/sys/vm/drop_caches
+echo "tar.files: $(find $M/src -type f | wc -l)"
+diff -r /tmp/ref $M/src >&2
+echo "tar.vs_tmpfs: same"
+cp -r $M/src $M/srccopy
+echo 3 > /proc/sys/vm/drop_caches
+diff -r $M/src $M/srccopy >&2
+echo "tar.copy_diff: same"
+(cd $M/srccopy && find . -type f -print0 | sort -z | xargs -0 sha256sum) > /tmp/copy.sha
+echo "tar.copy_sha: $(sha256sum < /tmp/copy.sha | cut -d' ' -f1)"
+echo "tar.copy_files: $(wc -l < /tmp/copy.sha)"
+rm -rf $M/srccopy
+if [ -e $M/srccopy ]; then echo "tar.copy_removed: no"; else echo "tar.copy_removed: yes"; fi
+""",
+}
+POSIX_ORDER = [("create", 120), ("append", 120), ("truncate", 120), ("perms", 60),
+               ("rename", 60), ("hardlink", 60), ("symlink", 60), ("mkdirp", 60),
+               ("fifo", 60), ("tarball", 300), ("tree10k", 600)]
+
+
+@pytest.fixture(scope="module")
+def posix_run(tmp_path_factory, guest_image):
+    base = tmp_path_factory.mktemp("posix")
+    export = base / "export"
+    export.mkdir()
+    os.chmod(export, 0o755)
+    (export / "host-hello.txt").write_text(HELLO)
+    blob = os.urandom(BLOB_SIZE)
+    tar_path, what = ph.source_tarball(base / "src.tar")
+    ref = base / "ref"
+    ref.mkdir()
+    subprocess.run(["tar", "-C", str(ref), "-xf", str(tar_path)], check=True)
+    prologue = (f"timeout 120 mount -t nfs -o {{opts}} 10.0.2.2:/ {M}\n"
+                f'echo "result mount: $?"\ngrep " {M} " /proc/mounts >&2')
+    epilogue = f'sync; timeout 60 umount {M}; echo "result umount: $?"'
+    with Netns() as ns, Nasd(export, args=["--no-root-squash"], netns=ns) as srv:
+        script = ph.guest_program(prologue.format(opts=srv.mount_options()), POSIX_ORDER,
+                                  epilogue)
+        files = {"blob.bin": blob, "src.tar": tar_path.read_bytes(),
+                 **_sections(POSIX_SECTIONS)}
+        res = vm.run_guest(script, ns, timeout=1500, image=guest_image, files=files)
+        _report(f"posix ({what})", res, srv.log())
+    return Run(res, export, blob=blob, ref=ref, tar_what=what)
+
+
+def test_posix_mount(posix_run):
+    assert posix_run["result mount"] == "0"
+    assert posix_run["guest"] == "done"
+    assert posix_run["result umount"] == "0"
+
+
+def test_create_write_read(posix_run):
+    r = posix_run
+    r.section_ok("create")
+    want = _sha(r.blob)
+    assert r["create.sha"] == want
+    assert r["create.size"] == str(BLOB_SIZE)
+    assert r["create.hello"] == "hello nfs"
+    assert r["create.host_hello"] == HELLO.strip()
+    assert _file_sha(r.export / "blob.bin") == want
+    assert (r.export / "hello.txt").read_text() == "hello nfs\n"
+
+
+def test_append(posix_run):
+    r = posix_run
+    r.section_ok("append")
+    assert r["append.txt"] == "one,two,three,"
+    assert (r.export / "app.txt").read_text() == "one\ntwo\nthree\n"
+    assert r["append.sha"] == _sha(r.blob)
+    assert _file_sha(r.export / "app.bin") == _sha(r.blob)
+
+
+def test_truncate(posix_run):
+    r = posix_run
+    r.section_ok("truncate")
+    assert r["trunc.small_size"] == "1000"
+    assert r["trunc.small_sha"] == _sha(r.blob[:1000])
+    assert r["trunc.large_size"] == "5000"
+    assert r["trunc.head_sha"] == _sha(r.blob[:1000])
+    assert r["trunc.tail_len"] == "4000"
+    assert r["trunc.tail_nonzero"] == "0"
+    assert (r.export / "trunc.bin").read_bytes() == r.blob[:1000] + b"\0" * 4000
+    assert r["trunc.zero_size"] == "0"
+    assert (r.export / "trunc0.bin").stat().st_size == 0
+
+
+def test_chmod_chown_as_root(posix_run):
+    r = posix_run
+    r.section_ok("perms")
+    assert r["perms.own"] == "1234 5678 754 981173106"
+    st = os.stat(r.export / "own.txt")
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (1234, 5678, 0o754)
+    assert int(st.st_mtime) == 981173106
+    assert r["perms.privdir"] == "4321 4321 700"
+    st = os.stat(r.export / "privdir")
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (4321, 4321, 0o700)
+    assert r["perms.sgid"] == "2755"
+    assert stat.S_IMODE(os.stat(r.export / "sgid.txt").st_mode) == 0o2755
+    assert r["perms.sticky"] == "1777"
+    assert stat.S_IMODE(os.stat(r.export / "sticky").st_mode) == 0o1777
+
+
+def test_rename_across_dirs(posix_run):
+    r = posix_run
+    r.section_ok("rename")
+    assert r["rename.content"] == "moved"
+    assert r["rename.inner"] == "inner"
+    assert r["rename.over"] == "new"
+    assert r["rename.r1"].split() == ["b"]
+    assert r["rename.r2"].split() == ["renamed", "sub2"]
+    e = r.export
+    assert not (e / "r1/file").exists() and not (e / "r1/sub").exists()
+    assert (e / "r2/renamed").read_text() == "moved\n"
+    assert (e / "r2/sub2/inner").read_text() == "inner\n"
+    assert (e / "r1/b").read_text() == "new\n"
+    assert not (e / "r2/a").exists()
+
+
+def test_hard_links(posix_run):
+    r = posix_run
+    r.section_ok("hardlink")
+    assert r["link.nlink"] == "2 2"
+    assert r["link.same_inode"] == "yes"
+    assert r["link.content"] == "linked| more|"
+    a, b = os.stat(r.export / "hl1"), os.stat(r.export / "hld/hl2")
+    assert (a.st_ino, a.st_dev) == (b.st_ino, b.st_dev)
+    assert a.st_nlink == 2
+    assert (r.export / "hl1").read_text() == "linked\n more\n"
+
+
+def test_symlinks(posix_run):
+    r = posix_run
+    r.section_ok("symlink")
+    assert r["symlink.rel"] == "target"
+    assert r["symlink.follow"] == "target-data"
+    assert r["symlink.up"] == HELLO.strip()
+    assert r["symlink.dangling"] == "/nonexistent/x"
+    assert r["symlink.type"] == "symbolic link"
+    assert r["symlink.ltype"] == "regular file"
+    assert r["symlink.dangling_exists"] == "no"
+    sl = r.export / "sl"
+    assert os.readlink(sl / "rel") == "target"
+    assert os.readlink(sl / "up") == "../host-hello.txt"
+    assert os.readlink(sl / "dangling") == "/nonexistent/x"
+    assert stat.S_ISLNK(os.lstat(sl / "rel").st_mode)
+
+
+def test_mkdir_p(posix_run):
+    r = posix_run
+    r.section_ok("mkdirp")
+    assert r["mkdirp.tree"].split() == ["a", "a/b", "a/b/c", "a/b/c/d"]
+    assert (r.export / "a/b/c/d").is_dir()
+    assert list((r.export / "a/b/c/d").iterdir()) == []
+
+
+def test_fifo(posix_run):
+    r = posix_run
+    r.section_ok("fifo")
+    assert r["fifo.type"] == "fifo"
+    assert r["fifo.mode"] == "640"
+    assert r["fifo.data"] == "through-the-fifo"
+    st = os.lstat(r.export / "fifo")
+    assert stat.S_ISFIFO(st.st_mode)
+    assert stat.S_IMODE(st.st_mode) == 0o640
+
+
+def test_10k_file_tree(posix_run):
+    r = posix_run
+    print("tree timing:", r.kv.get("tree.seconds"))
+    r.section_ok("tree10k")
+    assert r["tree.count"] == "10000"
+    assert r["tree.dirs"] == "100"
+    assert r["tree.d7"] == "100"
+    assert r["tree.left"] == "0"
+    assert (r.export / "tree").is_dir()
+    assert list((r.export / "tree").iterdir()) == []
+
+
+def test_tarball_unpack_matches_local(posix_run):
+    r = posix_run
+    r.section_ok("tarball")
+    want = ph.tree_manifest(r.ref)
+    got = ph.tree_manifest(r.export / "src")
+    assert len(want) > 100, f"tarball too small ({r.tar_what})"
+    assert r["tar.files"] == str(sum(1 for v in want.values() if v[0] == "f"))
+    assert r["tar.vs_tmpfs"] == "same"
+    assert sorted(got) == sorted(want)
+    diffs = [(k, want[k], got[k]) for k in sorted(want) if want[k] != got[k]]
+    assert not diffs, f"{len(diffs)} entries differ (want, got), first: {diffs[:5]}"
+    # the tar's numeric owner really was applied (chown through tar)
+    assert all(v[3:5] == (ph.TAR_UID, ph.TAR_GID) for v in got.values())
+
+
+def test_cp_r_and_rm_rf(posix_run):
+    r = posix_run
+    r.section_ok("tarball")
+    assert r["tar.copy_diff"] == "same"
+    # sha256sum list of the copy, in the guest's format, computed from the local unpack
+    lines = []
+    for dirpath, _d, files in os.walk(r.ref):
+        for f in files:
+            full = Path(dirpath) / f
+            lines.append(("./" + str(full.relative_to(r.ref))).encode())
+    lines.sort()
+    text = b"".join(_file_sha(r.ref / p.decode()[2:]).encode() + b"  " + p + b"\n"
+                    for p in lines)
+    assert r["tar.copy_files"] == str(len(lines))
+    assert r["tar.copy_sha"] == _sha(text)
+    assert r["tar.copy_removed"] == "yes"
+    assert not (r.export / "srccopy").exists()
+
+
+# ============================================================ squash + portmap
+SQUASH_SECTIONS = {
+    "squash": r"""
+try() { if out=$("$@" 2>&1); then rc=0; else rc=$?; fi; printf '%s rc=%s' "$out" "$rc" | tr '\n' ' '; }
+echo created > $M/rootfile
+echo 3 > /proc/sys/vm/drop_caches
+echo "squash.owner: $(stat -c '%u %g' $M/rootfile)"
+echo "squash.chown: $(try chown 1234 $M/rootfile)"
+echo "squash.chgrp: $(try chgrp 1234 $M/rootfile)"
+echo "squash.chown_other: $(try chown 0 $M/hostfile)"
+echo "squash.chmod_own: $(try chmod 0600 $M/rootfile)"
+echo "squash.chmod_other: $(try chmod 0666 $M/hostfile)"
+echo "squash.read_secret: $(try cat $M/secret)"
+echo "squash.mkdir_owner: $(mkdir $M/rootdir && stat -c '%u %g' $M/rootdir)"
+""",
+    "portmap": r"""
+M=/mnt/nfs2
+timeout 120 mount -t nfs -o vers=3,nolock 10.0.2.2:/ $M
+grep " $M " /proc/mounts >&2
+echo "portmap.opts: $(grep " $M " /proc/mounts | cut -d' ' -f4)"
+echo "portmap.hello: $(cat $M/pm-hello.txt)"
+cp /share/blob.bin $M/pm.bin
+printf 'written via portmap\n' > $M/pm-out.txt
+echo 3 > /proc/sys/vm/drop_caches
+echo "portmap.sha: $(sha256sum < $M/pm.bin | cut -d' ' -f1)"
+echo "portmap.out: $(cat $M/pm-out.txt)"
+timeout 60 umount $M
+echo "portmap.umount: ok"
+""",
+}
+
+
+@pytest.fixture(scope="module")
+def squash_run(tmp_path_factory, guest_image):
+    base = tmp_path_factory.mktemp("squash")
+    export, pm_export = base / "export", base / "pm-export"
+    export.mkdir()
+    pm_export.mkdir()
+    os.chmod(export, 0o777)
+    os.chmod(pm_export, 0o777)
+    (export / "hostfile").write_text("owned by 1000\n")
+    os.chown(export / "hostfile", 1000, 1000)
+    os.chmod(export / "hostfile", 0o644)
+    (export / "secret").write_text("secret\n")
+    os.chown(export / "secret", 1000, 1000)
+    os.chmod(export / "secret", 0o600)
+    (pm_export / "pm-hello.txt").write_text(HELLO)
+    blob = os.urandom(BLOB_SIZE)
+    with Netns() as ns, \
+            Nasd(export, netns=ns) as srv, \
+            Nasd(pm_export, args=["--portmap"], netns=ns, port=2050) as pm:
+        ns.wait_tcp(111)
+        prologue = (f"timeout 120 mount -t nfs -o {srv.mount_options()} 10.0.2.2:/ {M}\n"
+                    f'echo "result mount: $?"')
+        epilogue = f'timeout 60 umount {M}; echo "result umount: $?"'
+        script = ph.guest_program(prologue, [("squash", 120), ("portmap", 300)], epilogue)
+        res = vm.run_guest(script, ns, timeout=600, image=guest_image,
+                           files={"blob.bin": blob, **_sections(SQUASH_SECTIONS)})
+        _report("squash+portmap", res, srv.log() + "\n--- portmap nasd ---\n" + pm.log())
+    return Run(res, export, blob=blob, pm_export=pm_export)
+
+
+def test_root_squash_create_owned_by_anon(squash_run):
+    r = squash_run
+    assert r["result mount"] == "0"
+    r.section_ok("squash")
+    assert r["squash.owner"] == "65534 65534"
+    st = os.stat(r.export / "rootfile")
+    assert (st.st_uid, st.st_gid) == (65534, 65534)
+    assert r["squash.mkdir_owner"] == "65534 65534"
+    assert os.stat(r.export / "rootdir").st_uid == 65534
+
+
+def test_root_squash_chown_chmod_denied(squash_run):
+    r = squash_run
+    r.section_ok("squash")
+    for key in ("squash.chown", "squash.chgrp", "squash.chown_other", "squash.chmod_other"):
+        assert "Operation not permitted" in r[key] and r[key].endswith("rc=1"), (key, r[key])
+    # the squashed user owns rootfile, so chmod of it is allowed
+    assert r["squash.chmod_own"].strip() == "rc=0"
+    assert stat.S_IMODE(os.stat(r.export / "rootfile").st_mode) == 0o600
+    st = os.stat(r.export / "rootfile")
+    assert (st.st_uid, st.st_gid) == (65534, 65534)
+    st = os.stat(r.export / "hostfile")
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (1000, 1000, 0o644)
+    assert "Permission denied" in r["squash.read_secret"]
+    assert r["squash.read_secret"].endswith("rc=1")
+
+
+def test_portmap_mount_without_ports(squash_run):
+    r = squash_run
+    r.section_ok("portmap")
+    opts = r["portmap.opts"].split(",")
+    assert "port=2050" in opts and "mountport=2050" in opts, opts
+    assert r["portmap.hello"] == HELLO.strip()
+    assert r["portmap.sha"] == _sha(r.blob)
+    assert _file_sha(r.pm_export / "pm.bin") == _sha(r.blob)
+    assert r["portmap.out"] == "written via portmap"
+    assert (r.pm_export / "pm-out.txt").read_text() == "written via portmap\n"
+    assert r["portmap.umount"] == "ok"
+
+
+# ================================================================== restart
+BIG_SIZE = 8 * 1024 * 1024
+DOWN_SECONDS = 5
+RESTART_SECTIONS = {
+    "handles": r"""
+ls -la $M $M/sub >&2
+exec 3< $M/big.bin
+exec 4>> $M/wlog.txt
+echo before >&4
+dd bs=1048576 count=3 iflag=fullblock of=/tmp/part1 <&3 2>/dev/null
+echo "handles.part1_size: $(stat -c %s /tmp/part1)"
+echo "handles.other1_pre: $(cat $M/other1.txt)"
+stat $M/sub/other2.txt >&2
+sync
+touch $M/.restart-now
+# wait until the host has killed the server (connect refused)
+down=no
+i=0
+while [ $i -lt 150 ]; do
+    if ! timeout 2 bash -c 'exec 5<>/dev/tcp/10.0.2.2/2049' 2>/dev/null; then down=yes; break; fi
+    sleep 0.2
+    i=$((i+1))
+done
+echo "handles.down_observed: $down"
+echo 3 > /proc/sys/vm/drop_caches
+t0=$(date +%s)
+# these run while the server is down; the hard mount retries until it is back
+timeout 240 cat <&3 > /tmp/part2
+t1=$(date +%s)
+echo "handles.blocked_seconds: $((t1-t0))"
+cat /tmp/part1 /tmp/part2 | sha256sum | cut -d' ' -f1 | sed 's/^/handles.sha: /'
+echo "handles.other1: $(cat $M/other1.txt)"
+echo "handles.other2: $(cat $M/sub/other2.txt)"
+echo "handles.stat2: $(stat -c %s $M/sub/other2.txt)"
+echo after >&4
+exec 4>&-
+exec 3<&-
+echo "handles.wlog: $(tr '\n' ',' < $M/wlog.txt)"
+echo new-after-restart > $M/sub/new.txt
+echo "handles.ls: $(ls $M/sub | tr '\n' ' ')"
+""",
+}
+
+
+@pytest.fixture(scope="module")
+def restart_run(tmp_path_factory, guest_image):
+    base = tmp_path_factory.mktemp("restart")
+    export = base / "export"
+    export.mkdir()
+    os.chmod(export, 0o755)
+    big = os.urandom(BIG_SIZE)
+    (export / "big.bin").write_bytes(big)
+    (export / "other1.txt").write_text("other one\n")
+    (export / "sub").mkdir()
+    (export / "sub/other2.txt").write_text("other two\n")
+    events: dict[str, object] = {}
+    stop = threading.Event()
+
+    with Netns() as ns, Nasd(export, args=["--no-root-squash"], netns=ns) as srv:
+        def restarter():
+            try:
+                marker = export / ".restart-now"
+                while not stop.is_set():
+                    if marker.exists():
+                        break
+                    time.sleep(0.05)
+                else:
+                    return
+                events["kill_rc"] = srv.kill(signal.SIGKILL)
+                events["killed_at"] = time.monotonic()
+                time.sleep(DOWN_SECONDS)
+                srv.start()
+                events["restarted_at"] = time.monotonic()
+            except BaseException as e:   # reported by the test
+                events["error"] = repr(e)
+
+        th = threading.Thread(target=restarter, daemon=True)
+        th.start()
+        prologue = (f"timeout 120 mount -t nfs -o {srv.mount_options()} 10.0.2.2:/ {M}\n"
+                    f'echo "result mount: $?"')
+        epilogue = f'timeout 60 umount {M}; echo "result umount: $?"'
+        script = ph.guest_program(prologue, [("handles", 420)], epilogue)
+        try:
+            res = vm.run_guest(script, ns, timeout=600, image=guest_image,
+                               files=_sections(RESTART_SECTIONS))
+        finally:
+            stop.set()
+            th.join(timeout=60)
+        _report("restart", res, srv.log())
+    return Run(res, export, big=big, events=events)
+
+
+def test_handles_survive_kill9_restart(restart_run):
+    r = restart_run
+    ev = r.events
+    assert "error" not in ev, ev.get("error")
+    assert "restarted_at" in ev, f"the host never restarted nasd: {ev}"
+    assert ev["kill_rc"] == -signal.SIGKILL
+    r.section_ok("handles")
+    assert r["handles.part1_size"] == str(3 * 1024 * 1024)
+    assert r["handles.down_observed"] == "yes"
+    assert r["handles.sha"] == _sha(r.big)
+    assert r["handles.other1"] == "other one"
+    assert r["handles.other2"] == "other two"
+    assert r["handles.stat2"] == str(len("other two\n"))
+    assert r["handles.wlog"] == "before,after,"
+    assert (r.export / "wlog.txt").read_text() == "before\nafter\n"
+    assert (r.export / "sub/new.txt").read_text() == "new-after-restart\n"
+    assert r["handles.ls"].split() == ["new.txt", "other2.txt"]
+    assert r["result umount"] == "0"
