@@ -1,0 +1,116 @@
+"""Real client (libnfs: nfs-cp, nfs-ls, nfsh) against nasd: bulk data and large directories."""
+
+import hashlib
+from collections import Counter
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `import rig`
+
+from rig.nasd import Nasd  # noqa: E402
+from rig.nfsh import nfsh, nfsh_popen, nfsh_binary, parse_lines  # noqa: E402
+from rig import libnfs_tools  # noqa: E402
+from rig.libnfs_tools import nfs_cp, nfs_ls  # noqa: E402
+from integration._common import make_export  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not libnfs_tools.tools_available(),
+                                reason="libnfs-utils (nfs-ls/nfs-cp) not installed")
+
+BIG_DIR_ENTRIES = 100_000
+CONCURRENT_CREATES = 2_000
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    export = make_export(tmp_path_factory.mktemp("libnfs"), mode=0o777)
+    with Nasd(export, args=["--no-root-squash"]) as n:
+        yield n
+
+
+@pytest.fixture(scope="module")
+def big_dir(srv):
+    """export/big with 100,000 empty files e000000..e099999, made directly on disk."""
+    d = Path(srv.export_dir) / "big"
+    d.mkdir()
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for i in range(BIG_DIR_ENTRIES):
+            os.close(os.open(f"e{i:06d}", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd))
+    finally:
+        os.close(fd)
+    names = {f"e{i:06d}" for i in range(BIG_DIR_ENTRIES)}
+    return d, names
+
+
+def test_nfs_cp_256mib_roundtrip(srv, tmp_path):
+    src = tmp_path / "src.bin"
+    with open(src, "wb") as f:
+        for _ in range(256):
+            f.write(os.urandom(1 << 20))
+    want = _sha256(src)
+    url = f"nfs://127.0.0.1{srv.export_dir}/big.bin?nfsport={srv.port}&mountport={srv.port}&version=3"
+    assert nfs_cp(src, url, timeout=180) in (256 << 20, -1)
+    on_disk = Path(srv.export_dir) / "big.bin"
+    assert on_disk.stat().st_size == 256 << 20
+    assert _sha256(on_disk) == want, "uploaded content differs on the server's disk"
+    back = tmp_path / "back.bin"
+    nfs_cp(url, back, timeout=180)
+    assert back.stat().st_size == 256 << 20
+    assert _sha256(back) == want, "downloaded content differs"
+    on_disk.unlink()
+
+
+def test_nfs_ls_100k_entries_each_once(srv, big_dir):
+    d, _ = big_dir
+    on_disk = sorted(os.listdir(d))  # includes anything another test added
+    assert len(on_disk) >= BIG_DIR_ENTRIES
+    entries = nfs_ls(srv.url("/big"), timeout=180)
+    listed = sorted(e["name"] for e in entries)
+    dups = {n for n, k in Counter(listed).items() if k > 1}
+    assert not dups, f"{len(dups)} duplicated names, e.g. {sorted(dups)[:5]}"
+    missing = set(on_disk) - set(listed)
+    extra = set(listed) - set(on_disk)
+    assert not missing and not extra, (f"missing {len(missing)} e.g. {sorted(missing)[:5]}, "
+                                       f"extra {len(extra)} e.g. {sorted(extra)[:5]}")
+    assert len(listed) == len(on_disk)
+
+
+def test_readdir_while_creating(srv, big_dir):
+    d, originals = big_dir
+    nfsh_binary()  # compile before timing anything
+    creator = nfsh_popen(srv.url(), "create-loop", "/big", CONCURRENT_CREATES)
+    try:
+        time.sleep(0.05)
+        res = nfsh(srv.url(), "readdir", "/big", "--names", check=False, timeout=180)
+        c_out, c_err = creator.communicate(timeout=120)
+    finally:
+        if creator.poll() is None:
+            creator.kill()
+            creator.wait()
+    assert creator.returncode == 0, c_err
+    created = parse_lines(c_out)[-1]
+    assert created.get("ops") == CONCURRENT_CREATES, created
+    names = res["names"]
+    seen = Counter(names)
+    dup_orig = sorted(n for n in originals if seen.get(n, 0) > 1)
+    missing = sorted(n for n in originals if n not in seen)
+    assert not missing, f"{len(missing)} original names missing, e.g. {missing[:5]}"
+    assert not dup_orig, f"{len(dup_orig)} original names listed twice, e.g. {dup_orig[:5]}"
+    assert res.get("unique") is True, res.get("duplicates")
+    new = [n for n in names if n not in originals]
+    assert all(n.startswith("f") for n in new)
+    assert len(new) <= CONCURRENT_CREATES
+    assert len(os.listdir(d)) >= BIG_DIR_ENTRIES + CONCURRENT_CREATES
