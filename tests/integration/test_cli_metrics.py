@@ -1,0 +1,130 @@
+"""Command line behaviour and the Prometheus metrics endpoint."""
+
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `import rig`
+
+from rig.nasd import Nasd, default_binary, free_port  # noqa: E402
+from rig import rpc  # noqa: E402
+from rig.rpc import Nfs3Client, nfs3_args, NFS_PROG  # noqa: E402
+from integration._common import ROOT, make_export, write_exports  # noqa: E402
+
+
+def run_nasd(*args, timeout=15):
+    """Run nasd to completion (for the failure cases: it must exit by itself)."""
+    return subprocess.run([str(default_binary()), *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+# ------------------------------------------------------------ CLI
+
+def test_help_exits_0_and_documents_options():
+    for argv in (["serve", "--help"], ["--help"]):
+        p = run_nasd(*argv)
+        assert p.returncode == 0, p.stderr
+        assert "serve" in p.stdout
+    p = run_nasd("serve", "--help")
+    for opt in ("--exports", "--listen", "--portmap", "--state-dir", "--metrics"):
+        assert opt in p.stdout, f"{opt} missing from serve --help"
+
+
+def test_missing_dir_argument_exits_2(tmp_path):
+    p = run_nasd("serve", "--listen", f"127.0.0.1:{free_port()}", "--state-dir", tmp_path / "s")
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert p.stderr.strip(), "a message is expected"
+    assert "exports" in p.stderr.lower() or "dir" in p.stderr.lower()
+
+
+def test_nonexistent_dir_exits_2_naming_it(tmp_path):
+    missing = tmp_path / "no-such-dir"
+    p = run_nasd("serve", missing, "--listen", f"127.0.0.1:{free_port()}", "--state-dir", tmp_path / "s")
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert str(missing) in p.stderr
+
+
+@pytest.mark.parametrize("bad", [
+    "{d} 127.0.0.1(rw,no_such_option)",
+    "{d} 127.0.0.1(rw,insecure",
+    "relative/path 127.0.0.1(rw)",
+    "{d} 127.0.0.1(anonuid=notanumber)",
+], ids=["unknown_option", "unbalanced_paren", "relative_path", "bad_anonuid"])
+def test_malformed_exports_line_reports_file_and_line(tmp_path, bad):
+    export = make_export(tmp_path)
+    ex = write_exports(tmp_path, ["# a comment", f"{export} 127.0.0.1(rw,insecure)", bad.format(d=export)])
+    p = run_nasd("serve", "--exports", ex, "--listen", f"127.0.0.1:{free_port()}",
+                 "--state-dir", tmp_path / "s")
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert f"{ex}:3" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("kind", ["tcp", "udp"])
+def test_port_in_use_exits_2(tmp_path, kind):
+    export = make_export(tmp_path)
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM if kind == "tcp" else socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    if kind == "tcp":
+        s.listen(1)
+    port = s.getsockname()[1]
+    try:
+        p = run_nasd("serve", export, "--listen", f"127.0.0.1:{port}", "--state-dir", tmp_path / "s")
+    finally:
+        s.close()
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert str(port) in p.stderr or "in use" in p.stderr.lower()
+
+
+# ------------------------------------------------------------ metrics
+
+def _metrics(port: int, timeout=10.0) -> str:
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                assert r.status == 200
+                return r.read().decode()
+        except OSError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.1)
+
+
+def _value(text: str, name: str, labels: str = "") -> float:
+    pat = re.escape(name + (("{" + labels + "}") if labels else "")) + r" ([0-9.eE+-]+)$"
+    m = re.search(pat, text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_metrics_count_calls_and_drc_hits(tmp_path):
+    export = make_export(tmp_path)
+    mport = free_port()
+    with Nasd(export, args=["--no-root-squash", "--metrics", f"127.0.0.1:{mport}"]) as n:
+        text = _metrics(mport)
+        assert "nasd_rpc_calls_total" in text and "nasd_drc_hits_total" in text
+        getattr_label = 'program="nfs3",procedure="GETATTR"'
+        g0 = _value(text, "nasd_rpc_calls_total", getattr_label)
+        h0 = _value(text, "nasd_drc_hits_total")
+        assert h0 == 0
+        with Nfs3Client(n.host, n.port, cred=ROOT) as c:
+            root = c.root(n.export_dir)
+            for _ in range(5):
+                assert c.getattr(root).ok
+            text = _metrics(mport)
+            assert _value(text, "nasd_rpc_calls_total", getattr_label) == g0 + 5
+            assert _value(text, "nasd_drc_hits_total") == 0, "no retransmits yet"
+            xid, msg = c.build(NFS_PROG, 3, rpc.NFSPROC3_CREATE, nfs3_args.create(root, "m", "guarded"))
+            c.send_msg(msg)
+            first = c.wait_xid(xid)
+            c.send_msg(msg)
+            again = c.wait_xid(xid)
+            assert again.raw == first.raw
+        text = _metrics(mport)
+        assert _value(text, "nasd_drc_hits_total") >= 1
+        assert _value(text, "nasd_rpc_calls_total", 'program="nfs3",procedure="CREATE"') >= 1
