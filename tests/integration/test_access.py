@@ -196,3 +196,36 @@ def test_supplementary_groups_grant_access_and_17_are_rejected(tmp_path):
             r = c.call(NFS_PROG, 3, rpc.NFSPROC3_WRITE, rpc.nfs3_args.write(fh, 0, b"Z"))
             assert not r.accepted and r.reject_stat == rpc.AUTH_ERROR and r.auth_stat == rpc.AUTH_BADCRED
     assert (export / "grp").read_bytes() == b"Y"
+
+
+@needs_root
+def test_exports_per_client_options_and_exports5_defaults(tmp_path):
+    """Each client gets its own options; options not given take exports(5)
+    defaults (root_squash, secure)."""
+    export = make_export(tmp_path, mode=0o777)
+    ex = write_exports(tmp_path, [
+        f"{export} 127.0.0.1(ro,insecure) 127.0.0.2(rw,insecure,no_root_squash) "
+        f"127.0.0.0/24(rw,all_squash,anonuid=77,anongid=77,insecure) 127.0.1.0/24(rw)"])
+    got = {}
+    with Nasd(exports_file=ex) as n:
+        for ip in ("127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.1.5"):
+            with Nfs3Client(n.host, n.port, src_addr=ip, cred=ROOT) as c:
+                m = c.mnt(str(export))
+                if m.status != rpc.MNT3_OK:
+                    got[ip] = ("mnt", m.status)
+                    continue
+                r = c.create(m.fh, f"f{ip}", how="guarded")
+                got[ip] = ("create", r.status, os.stat(export / f"f{ip}").st_uid if r.ok else None)
+        with Nfs3Client(n.host, n.port, src_addr="127.0.1.5", src_port="privileged", cred=ROOT) as c:
+            r = c.create(c.root(str(export)), "priv", how="guarded")
+            got["127.0.1.5/priv"] = ("create", r.status, os.stat(export / "priv").st_uid if r.ok else None)
+        with Nfs3Client(n.host, n.port, src_addr="127.0.2.1", cred=ROOT) as c:
+            got["127.0.2.1"] = ("mnt", c.mnt(str(export)).status)
+    assert got == {
+        "127.0.0.1": ("create", rpc.NFS3ERR_ROFS, None),
+        "127.0.0.2": ("create", 0, 0),
+        "127.0.0.3": ("create", 0, 77),
+        "127.0.1.5": ("mnt", rpc.MNT3ERR_ACCES),          # secure by default
+        "127.0.1.5/priv": ("create", 0, 65534),           # root_squash by default
+        "127.0.2.1": ("mnt", rpc.MNT3ERR_ACCES),          # no matching client
+    }
