@@ -1,7 +1,7 @@
 //! NFSv3 procedures (RFC 1813 section 3.3), one function each.
 
 use super::xdr::*;
-use crate::rpc::CallContext;
+use crate::rpc::{CallContext, Transport};
 use crate::server::state::{Admitted, ServerState};
 use crate::vfs::{Attr, DirEntry, ObjectId, VfsError, Wcc};
 use crate::xdr::{pad4, XdrWriter};
@@ -16,6 +16,18 @@ struct Failure {
 }
 
 type ProcResult = Result<(), Failure>;
+
+/// Largest READ payload / READDIR reply over UDP: a reply must fit one datagram (at most
+/// 65507 bytes over IPv4), so a 1 MiB READ over UDP would never be answered at all.
+pub const MAX_UDP_IO: u32 = 32 * 1024;
+
+/// The READ/WRITE/READDIR size limit for the call's transport.
+fn max_io(ctx: &CallContext) -> u32 {
+    match ctx.transport {
+        Transport::Udp => MAX_UDP_IO,
+        Transport::Tcp => MAX_IO,
+    }
+}
 
 fn fail(n: usize) -> impl Fn(VfsError) -> Failure {
     move |e| Failure { status: e.into(), empty_optionals: n, dir_attr: None }
@@ -163,7 +175,7 @@ fn readlink(state: &ServerState, ctx: &CallContext, fh: &[u8], out: &mut XdrWrit
 
 fn read(state: &ServerState, ctx: &CallContext, fh: &[u8], offset: u64, count: u32, out: &mut XdrWriter) -> ProcResult {
     let adm = admit(state, ctx, fh, ATTR)?;
-    let count = count.min(MAX_IO) as usize;
+    let count = count.min(max_io(ctx)) as usize;
     // Attributes precede the data on the wire but are known only after the read: reserve
     // their place, read straight into the reply buffer, then fill them in.
     let attr_at = out.len();
@@ -278,7 +290,7 @@ fn readdir(
     out: &mut XdrWriter,
 ) -> ProcResult {
     let adm = admit(state, ctx, fh, ATTR)?;
-    let maxcount = (maxcount as usize).min(MAX_IO as usize);
+    let maxcount = (maxcount as usize).min(max_io(ctx) as usize);
     let dircount = if plus { dircount as usize } else { maxcount };
     let attr_at = out.len();
     out.bool(true);
@@ -344,11 +356,12 @@ fn fsinfo(state: &ServerState, ctx: &CallContext, fh: &[u8], out: &mut XdrWriter
     let adm = admit(state, ctx, fh, ATTR)?;
     let attr = adm.rt.vfs.getattr(&adm.cred, &adm.obj).map_err(fail(ATTR))?;
     put_post_op_attr(out, Some(&attr));
-    out.u32(MAX_IO); // rtmax
-    out.u32(MAX_IO); // rtpref
+    let io = max_io(ctx);
+    out.u32(io); // rtmax
+    out.u32(io); // rtpref
     out.u32(4096); // rtmult
-    out.u32(MAX_IO); // wtmax
-    out.u32(MAX_IO); // wtpref
+    out.u32(io); // wtmax
+    out.u32(io); // wtpref
     out.u32(4096); // wtmult
     out.u32(64 * 1024); // dtpref
     out.u64(i64::MAX as u64); // maxfilesize
