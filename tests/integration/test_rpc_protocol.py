@@ -136,6 +136,25 @@ def test_multi_fragment_record_accepted(srv, work):
         assert r2.ok and r2.attr.fileid == os.stat(d / "frag").st_ino
 
 
+def test_udp_large_read_and_readdir_are_answered(srv, work):
+    """A reply must fit one datagram: a 1 MiB READ over UDP gets a short read, not silence."""
+    d, dfh = work
+    data = os.urandom(1 << 20)
+    (d / "big").write_bytes(data)
+    for i in range(3000):
+        (d / f"entry-with-a-longish-name-{i:05d}").touch()
+    with Nfs3Client(srv.host, srv.port, proto="udp", cred=ROOT, timeout=3) as c:
+        fh = c.lookup(dfh, "big").fh
+        r = c.read(fh, 0, 1 << 20)
+        assert r.ok and 0 < r.count < 65000 and r.data == data[:r.count] and not r.eof
+        r = c.read(fh, (1 << 20) - 100_000, 1 << 20)
+        assert r.ok and r.data == data[(1 << 20) - 100_000:][:r.count]
+        rd = c.readdir(dfh, count=1 << 20)
+        assert rd.ok and rd.entries and not rd.eof
+        names = {n for _, n, _ in c.readdir_all(dfh, count=1 << 20)}
+        assert len(names) == 3000 + 1 + 2  # entries, big, "." and ".."
+
+
 # ------------------------------------------------------------ DRC
 
 def _send_same(c: RpcClient, msg: bytes, xid: int) -> rpc.Reply:
@@ -200,6 +219,21 @@ def test_drc_udp_retransmit(srv, work):
         again = _send_same(c, msg, xid)
     assert decode_result(rpc.NFSPROC3_MKDIR, first).ok
     assert again.raw == first.raw and (d / "sub").is_dir()
+
+
+def test_drc_same_xid_other_args_or_other_client_is_a_new_call(srv, work):
+    d, dfh = work
+    xid = RpcClient.next_xid()
+    with Nfs3Client(srv.host, srv.port, cred=ROOT) as c:
+        assert c.create(dfh, "a", how="guarded", xid=xid).ok
+        assert c.create(dfh, "b", how="guarded", xid=xid).ok, "same XID, different args: not a retransmit"
+        xid2, msg = c.build(NFS_PROG, 3, rpc.NFSPROC3_REMOVE, nfs3_args.diropargs(dfh, "a"))
+        assert decode_result(rpc.NFSPROC3_REMOVE, _send_same(c, msg, xid2)).ok
+    assert sorted(os.listdir(d)) == ["b"]
+    (d / "a").write_bytes(b"again")
+    with Nfs3Client(srv.host, srv.port, src_addr="127.0.0.2", cred=ROOT) as other:
+        r = decode_result(rpc.NFSPROC3_REMOVE, _send_same(other, msg, xid2))
+    assert r.ok and not (d / "a").exists(), "same bytes from another client address must run"
 
 
 def test_pipelined_calls_all_answered(srv, work):
