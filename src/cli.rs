@@ -21,6 +21,9 @@ enum Command {
     /// Clients mount it as "/" or by the directory's absolute path, e.g.
     /// mount -t nfs -o vers=3,proto=tcp,port=2049,mountport=2049,mountproto=tcp,nolock 127.0.0.1:/ /mnt
     Serve(ServeArgs),
+    /// Benchmark nasd against peers (NFS-Ganesha, nfs:// URLs) and the local disk with fio;
+    /// writes report.md, report.html, PNG plots and the raw fio JSON to --out.
+    Bench(crate::bench::BenchArgs),
 }
 
 #[derive(Args, Debug)]
@@ -99,6 +102,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => exit_with(serve(args)),
+        Command::Bench(args) => exit_with(crate::bench::run(args)),
     }
 }
 

@@ -7,6 +7,7 @@
 //! implemented by a [`backend`].
 
 pub mod backend;
+pub mod bench;
 pub mod cli;
 pub mod exports;
 pub mod fh;

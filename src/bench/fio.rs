@@ -1,0 +1,437 @@
+//! fio: job shapes to command lines, and fio's JSON output to figures.
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// One fio job shape, independent of the target it runs against.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct FioShape {
+    /// fio `rw=`: read, write, randread, randwrite, rw, randrw.
+    pub rw: String,
+    /// Block size in bytes.
+    pub bs: u64,
+    pub iodepth: u32,
+    /// Percentage of reads for rw/randrw.
+    pub rwmixread: Option<u32>,
+    /// File size in bytes.
+    pub size: u64,
+    /// Seconds of measurement (time_based); 0 = one pass over the file.
+    pub runtime: u64,
+    /// Seconds of warm-up excluded from the figures.
+    pub ramp: u64,
+    /// fio `randrepeat=0` (a new random sequence on every run).
+    pub randrepeat0: bool,
+    /// File name below the target's root.
+    pub file: String,
+}
+
+impl FioShape {
+    pub fn reads(&self) -> bool {
+        self.rw.contains("read") || self.rw.ends_with("rw")
+    }
+    pub fn is_pure_read(&self) -> bool {
+        self.rw == "read" || self.rw == "randread" || (self.rwmixread == Some(100) && self.rw.ends_with("rw"))
+    }
+
+    /// Job options shared by every target (no engine, no file location).
+    pub fn options(&self, name: &str) -> Vec<String> {
+        let mut a = vec![
+            format!("--name={name}"),
+            format!("--rw={}", self.rw),
+            format!("--bs={}", fmt_size(self.bs)),
+            format!("--iodepth={}", self.iodepth),
+            format!("--size={}", fmt_size(self.size)),
+        ];
+        if let Some(m) = self.rwmixread {
+            a.push(format!("--rwmixread={m}"));
+        }
+        if self.runtime > 0 {
+            a.push("--time_based=1".into());
+            a.push(format!("--runtime={}", self.runtime));
+            if self.ramp > 0 {
+                a.push(format!("--ramp_time={}", self.ramp));
+            }
+        }
+        if self.randrepeat0 {
+            a.push("--randrepeat=0".into());
+        }
+        a
+    }
+}
+
+/// How a job reaches its storage.
+#[derive(Clone, Debug)]
+pub enum Engine {
+    /// libnfs engine with this URL (the export root).
+    Nfs { url: String },
+    /// Local file system, direct I/O, with this fio engine, files in `dir`.
+    Local { engine: String, dir: PathBuf },
+}
+
+impl Engine {
+    pub fn args(&self, file: &str, iodepth: u32) -> Vec<String> {
+        match self {
+            Engine::Nfs { url } => vec!["--ioengine=nfs".into(), format!("--nfs_url={url}"), format!("--filename={file}")],
+            Engine::Local { engine, dir } => {
+                let _ = iodepth; // psync ignores it: the report names the engine
+                vec![format!("--ioengine={engine}"), "--direct=1".into(), format!("--filename={}", dir.join(file).display())]
+            }
+        }
+    }
+}
+
+/// Full fio command line (without the binary) for a shape on an engine.
+pub fn command_line(shape: &FioShape, name: &str, engine: &Engine) -> Vec<String> {
+    let mut a = vec!["--output-format=json".to_string()];
+    a.extend(shape.options(name));
+    a.extend(engine.args(&shape.file, shape.iodepth));
+    a
+}
+
+/// Command line that lays a file out (read jobs can't create files through libnfs).
+pub fn layout_command(file: &str, size: u64, engine: &Engine) -> Vec<String> {
+    let shape = FioShape {
+        rw: "write".into(),
+        bs: 128 * 1024,
+        iodepth: 16,
+        rwmixread: None,
+        size,
+        runtime: 0,
+        ramp: 0,
+        randrepeat0: false,
+        file: file.into(),
+    };
+    command_line(&shape, "layout", engine)
+}
+
+/// Quote a command line for a shell.
+pub fn shell_join(argv: &[String]) -> String {
+    argv.iter()
+        .map(|a| {
+            if a.chars().all(|c| c.is_ascii_alphanumeric() || "-_=./:,+%@".contains(c)) {
+                a.clone()
+            } else {
+                format!("'{}'", a.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+pub fn fmt_size(b: u64) -> String {
+    for (unit, m) in [("g", 1u64 << 30), ("m", 1 << 20), ("k", 1 << 10)] {
+        if b >= m && b % m == 0 {
+            return format!("{}{unit}", b / m);
+        }
+    }
+    b.to_string()
+}
+
+/// Parse sizes like 4k, 1m, 512M, 2g, 4096.
+pub fn parse_size(s: &str) -> Result<u64> {
+    let s = s.trim().to_ascii_lowercase();
+    let s = s.trim_end_matches("ib").trim_end_matches('b');
+    let (num, mult) = match s.chars().last() {
+        Some('k') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('m') => (&s[..s.len() - 1], 1 << 20),
+        Some('g') => (&s[..s.len() - 1], 1 << 30),
+        Some('t') => (&s[..s.len() - 1], 1 << 40),
+        _ => (s, 1),
+    };
+    let n: u64 = num.parse().map_err(|_| anyhow!("bad size {s:?} (examples: 4k, 64m, 1g)"))?;
+    Ok(n * mult)
+}
+
+/// Figures of one direction (read or write) of a job.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct DirStats {
+    pub ios: u64,
+    pub iops: f64,
+    pub bw_bytes: f64,
+    /// Completion latency in microseconds.
+    pub lat_mean_us: f64,
+    pub lat_p50_us: f64,
+    pub lat_p99_us: f64,
+    pub lat_p999_us: f64,
+}
+
+/// Figures of a job: both directions and their total.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct FioResult {
+    pub read: DirStats,
+    pub write: DirStats,
+    pub errors: u64,
+}
+
+impl FioResult {
+    pub fn iops(&self) -> f64 {
+        self.read.iops + self.write.iops
+    }
+    pub fn mib_s(&self) -> f64 {
+        (self.read.bw_bytes + self.write.bw_bytes) / (1u64 << 20) as f64
+    }
+    /// Latency figures weighted by the I/O count of each direction (percentiles are an
+    /// approximation for mixed jobs: the weighted mean of both directions' percentiles).
+    pub fn lat(&self, f: impl Fn(&DirStats) -> f64) -> f64 {
+        let (r, w) = (self.read.ios as f64, self.write.ios as f64);
+        if r + w == 0.0 {
+            return 0.0;
+        }
+        (f(&self.read) * r + f(&self.write) * w) / (r + w)
+    }
+    pub fn lat_mean_us(&self) -> f64 {
+        self.lat(|d| d.lat_mean_us)
+    }
+    pub fn lat_p50_us(&self) -> f64 {
+        self.lat(|d| d.lat_p50_us)
+    }
+    pub fn lat_p99_us(&self) -> f64 {
+        self.lat(|d| d.lat_p99_us)
+    }
+    pub fn lat_p999_us(&self) -> f64 {
+        self.lat(|d| d.lat_p999_us)
+    }
+    /// Aggregate of concurrent runs (separate clients): throughput adds up, latency is
+    /// weighted by I/O count.
+    pub fn aggregate(parts: &[FioResult]) -> FioResult {
+        let mut out = FioResult::default();
+        for (dst, pick) in [(&mut out.read, 0), (&mut out.write, 1)] {
+            let ds: Vec<&DirStats> = parts.iter().map(|p| if pick == 0 { &p.read } else { &p.write }).collect();
+            let ios: u64 = ds.iter().map(|d| d.ios).sum();
+            dst.ios = ios;
+            dst.iops = ds.iter().map(|d| d.iops).sum();
+            dst.bw_bytes = ds.iter().map(|d| d.bw_bytes).sum();
+            if ios > 0 {
+                let w = |f: fn(&DirStats) -> f64| ds.iter().map(|d| f(d) * d.ios as f64).sum::<f64>() / ios as f64;
+                dst.lat_mean_us = w(|d| d.lat_mean_us);
+                dst.lat_p50_us = w(|d| d.lat_p50_us);
+                dst.lat_p99_us = w(|d| d.lat_p99_us);
+                dst.lat_p999_us = w(|d| d.lat_p999_us);
+            }
+        }
+        out.errors = parts.iter().map(|p| p.errors).sum();
+        out
+    }
+}
+
+/// Extract fio's JSON document from output polluted by engine noise (the nfs engine
+/// prints lines like `Failed NFS operation(code:-14)` on the same stdout).
+pub fn extract_json(text: &str) -> Result<serde_json::Value> {
+    let lines: Vec<&str> = text.lines().collect();
+    for attempt in 0..2 {
+        let kept: Vec<&str> = if attempt == 0 {
+            lines.clone()
+        } else {
+            lines
+                .iter()
+                .copied()
+                .filter(|l| l.is_empty() || l.starts_with([' ', '\t', '{', '}', '[', ']', '"']))
+                .collect()
+        };
+        if let Some(i) = kept.iter().position(|l| l.starts_with('{')) {
+            let blob = kept[i..].join("\n");
+            let mut de = serde_json::Deserializer::from_str(&blob).into_iter::<serde_json::Value>();
+            if let Some(Ok(v)) = de.next() {
+                return Ok(v);
+            }
+        }
+    }
+    bail!("no JSON document in fio output")
+}
+
+fn dir_stats(j: &serde_json::Value) -> DirStats {
+    let f = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0);
+    let clat = &j["clat_ns"];
+    let pct = |k: &str| f(&clat["percentile"][k]) / 1000.0;
+    DirStats {
+        ios: j["total_ios"].as_u64().unwrap_or(0),
+        iops: f(&j["iops"]),
+        bw_bytes: f(&j["bw_bytes"]),
+        lat_mean_us: f(&clat["mean"]) / 1000.0,
+        lat_p50_us: pct("50.000000"),
+        lat_p99_us: pct("99.000000"),
+        lat_p999_us: pct("99.900000"),
+    }
+}
+
+/// Figures from fio's JSON (all jobs of the document aggregated).
+pub fn parse_result(v: &serde_json::Value) -> Result<FioResult> {
+    let jobs = v["jobs"].as_array().context("fio JSON has no jobs")?;
+    let parts: Vec<FioResult> = jobs
+        .iter()
+        .map(|j| FioResult {
+            read: dir_stats(&j["read"]),
+            write: dir_stats(&j["write"]),
+            errors: j["error"].as_u64().unwrap_or(0),
+        })
+        .collect();
+    Ok(FioResult::aggregate(&parts))
+}
+
+/// Output of one fio process.
+pub struct FioRun {
+    pub json: serde_json::Value,
+    pub raw: String,
+    pub result: FioResult,
+}
+
+/// Run fio; fails on a non-zero exit, missing JSON or job errors.
+pub fn run(fio: &Path, args: &[String], timeout_s: u64) -> Result<FioRun> {
+    let child = spawn(fio, args)?;
+    wait(child, args, timeout_s)
+}
+
+pub fn spawn(fio: &Path, args: &[String]) -> Result<std::process::Child> {
+    Command::new(fio)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {}", fio.display()))
+}
+
+pub fn wait(mut child: std::process::Child, args: &[String], timeout_s: u64) -> Result<FioRun> {
+    use std::io::Read;
+    let mut so = child.stdout.take().unwrap();
+    let mut se = child.stderr.take().unwrap();
+    let t_out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = so.read_to_string(&mut s);
+        s
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = se.read_to_string(&mut s);
+        s
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(timeout_s);
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break st;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("fio timed out after {timeout_s}s: {}", shell_join(args));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let out = t_out.join().unwrap_or_default();
+    let err = t_err.join().unwrap_or_default();
+    let tail = |s: &str| s.chars().rev().take(2000).collect::<Vec<_>>().into_iter().rev().collect::<String>();
+    if !status.success() {
+        bail!("fio failed ({status}): {}\n{}\n{}", shell_join(args), tail(&err), tail(&out));
+    }
+    let json = extract_json(&out).with_context(|| format!("fio: {}\n{}", shell_join(args), tail(&err)))?;
+    let result = parse_result(&json)?;
+    if result.errors > 0 {
+        bail!("fio job error(s) {}: {}\n{}", result.errors, shell_join(args), tail(&err));
+    }
+    Ok(FioRun { json, raw: out, result })
+}
+
+/// `fio --version`.
+pub fn version(fio: &Path) -> String {
+    Command::new(fio)
+        .arg("--version")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Engines compiled into fio (`fio --enghelp`).
+pub fn engines(fio: &Path) -> Vec<String> {
+    Command::new(fio)
+        .arg("--enghelp")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).split_whitespace().map(str::to_string).collect())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = r#"Failed NFS operation(code:-14)
+{
+  "fio version" : "fio-3.33",
+  "jobs" : [
+    {
+      "jobname" : "j",
+      "error" : 0,
+      "read" : {
+        "io_bytes" : 4096000, "bw_bytes" : 40960000, "iops" : 10000.0, "total_ios" : 1000,
+        "clat_ns" : { "mean" : 95000.5,
+          "percentile" : { "50.000000" : 90112, "99.000000" : 200704, "99.900000" : 501760 } }
+      },
+      "write" : {
+        "io_bytes" : 0, "bw_bytes" : 0, "iops" : 0.0, "total_ios" : 0,
+        "clat_ns" : { "mean" : 0.0 }
+      }
+    }
+  ]
+}
+Failed NFS operation(code:-14)
+"#;
+
+    #[test]
+    fn parses_noisy_fio_json() {
+        let v = extract_json(SAMPLE).unwrap();
+        let r = parse_result(&v).unwrap();
+        assert_eq!(r.read.ios, 1000);
+        assert!((r.iops() - 10000.0).abs() < 1e-9);
+        assert!((r.mib_s() - 40960000.0 / 1048576.0).abs() < 1e-9);
+        assert!((r.lat_mean_us() - 95.0005).abs() < 1e-6);
+        assert!((r.lat_p50_us() - 90.112).abs() < 1e-9);
+        assert!((r.lat_p99_us() - 200.704).abs() < 1e-9);
+        assert!((r.lat_p999_us() - 501.76).abs() < 1e-9);
+    }
+
+    #[test]
+    fn noise_inside_json_is_dropped() {
+        let noisy = SAMPLE.replacen("      \"write\"", "Failed NFS operation(code:-14)\n      \"write\"", 1);
+        let r = parse_result(&extract_json(&noisy).unwrap()).unwrap();
+        assert_eq!(r.read.ios, 1000);
+        assert!(extract_json("no json here").is_err());
+    }
+
+    #[test]
+    fn aggregate_adds_throughput_and_weights_latency() {
+        let a = FioResult { read: DirStats { ios: 100, iops: 10.0, bw_bytes: 1.0, lat_mean_us: 10.0, lat_p50_us: 10.0, lat_p99_us: 20.0, lat_p999_us: 30.0 }, ..Default::default() };
+        let b = FioResult { read: DirStats { ios: 300, iops: 30.0, bw_bytes: 3.0, lat_mean_us: 20.0, lat_p50_us: 20.0, lat_p99_us: 40.0, lat_p999_us: 50.0 }, ..Default::default() };
+        let s = FioResult::aggregate(&[a, b]);
+        assert_eq!(s.read.ios, 400);
+        assert_eq!(s.iops(), 40.0);
+        assert_eq!(s.lat_mean_us(), 17.5);
+        assert_eq!(s.lat_p99_us(), 35.0);
+    }
+
+    #[test]
+    fn command_lines() {
+        let shape = FioShape { rw: "randrw".into(), bs: 16384, iodepth: 16, rwmixread: Some(75), size: 64 << 20, runtime: 5, ramp: 1, randrepeat0: true, file: "bench.dat".into() };
+        let a = command_line(&shape, "j", &Engine::Nfs { url: "nfs://127.0.0.1/x?nfsport=1&mountport=1&version=3".into() });
+        let s = shell_join(&a);
+        assert!(s.contains("--bs=16k --iodepth=16 --size=64m --rwmixread=75 --time_based=1 --runtime=5 --ramp_time=1 --randrepeat=0"), "{s}");
+        assert!(s.contains("'--nfs_url=nfs://127.0.0.1/x?nfsport=1&mountport=1&version=3'"), "{s}");
+        assert!(s.ends_with("--filename=bench.dat"), "{s}");
+        let l = layout_command("f", 1 << 20, &Engine::Local { engine: "psync".into(), dir: "/d".into() });
+        assert!(l.contains(&"--bs=128k".to_string()) && l.contains(&"--direct=1".to_string()) && l.contains(&"--filename=/d/f".to_string()));
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4k").unwrap(), 4096);
+        assert_eq!(parse_size("64M").unwrap(), 64 << 20);
+        assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_size("123").unwrap(), 123);
+        assert!(parse_size("x").is_err());
+        assert_eq!(fmt_size(4096), "4k");
+        assert_eq!(fmt_size(1 << 20), "1m");
+        assert_eq!(fmt_size(1000), "1000");
+    }
+}

@@ -1,0 +1,530 @@
+//! `nasd bench`: the NAS benchmark method as a command. Runs the standard workloads
+//! (fio with the libnfs engine as the client) against nasd, peers and the local disk in
+//! one run, alternating targets per job, and writes report.md, report.html, PNG plots,
+//! results.json and the raw fio JSON.
+
+pub mod fio;
+pub mod local;
+pub mod metrics;
+pub mod plot;
+pub mod report;
+pub mod suites;
+pub mod targets;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Instant;
+use suites::{Job, JobKind, MetaOp, Metric};
+use targets::{Target, TargetSpec};
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Workload suite: smoke, quick (~5 min), standard (~20 min), iozone, mix, scale, metadata, all.
+    #[arg(long, default_value = "quick")]
+    pub suite: String,
+    /// Target: nasd, ganesha or nfs://host/export (repeatable). Default: nasd, and ganesha
+    /// when ganesha.nfsd is installed. The local disk ceiling is always measured.
+    #[arg(long = "target", value_name = "TARGET")]
+    pub targets: Vec<String>,
+    /// NFS protocol version for the client: v3 or v4 (nasd serves v3 only).
+    #[arg(long, default_value = "v3")]
+    pub protocol: String,
+    /// Report directory (created; its file system also holds the servers' data).
+    #[arg(long, value_name = "DIR", default_value = "bench-report")]
+    pub out: PathBuf,
+    /// Earlier report directory to compare with (its results.json).
+    #[arg(long, value_name = "OLD_DIR")]
+    pub compare: Option<PathBuf>,
+    /// fio binary with the libnfs engine (default: $NASD_FIO, else the test rig's build).
+    #[arg(long, value_name = "PATH")]
+    pub fio: Option<PathBuf>,
+    /// Seconds per fio job (overrides the suite's default).
+    #[arg(long, value_name = "SECS")]
+    pub runtime: Option<u64>,
+    /// File size per job, e.g. 64m (for iozone: the largest file).
+    #[arg(long, value_name = "SIZE")]
+    pub size: Option<String>,
+    /// Skip the local-disk ceiling.
+    #[arg(long)]
+    pub no_local: bool,
+    /// Keep the servers' data under OUT/work after the run.
+    #[arg(long)]
+    pub keep_data: bool,
+}
+
+/// One target's figures for one job.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Measurement {
+    pub target: String,
+    pub fio: Option<fio::FioResult>,
+    /// Metadata jobs: operations per second.
+    pub ops_per_sec: Option<f64>,
+    /// Exact command line(s).
+    pub commands: Vec<String>,
+    pub server: Option<metrics::ServerFigures>,
+    pub error: Option<String>,
+    pub seconds: f64,
+}
+
+impl Measurement {
+    /// The headline figure of a job (IOPS, MiB/s or ops/s).
+    pub fn value(&self, metric: Metric) -> Option<f64> {
+        match metric {
+            Metric::Iops => self.fio.as_ref().map(|r| r.iops()),
+            Metric::MiBs => self.fio.as_ref().map(|r| r.mib_s()),
+            Metric::OpsPerSec => self.ops_per_sec,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct JobResult {
+    pub job: Job,
+    pub runs: Vec<Measurement>,
+}
+
+impl JobResult {
+    pub fn get(&self, target: &str) -> Option<&Measurement> {
+        self.runs.iter().find(|m| m.target == target)
+    }
+    pub fn value(&self, target: &str) -> Option<f64> {
+        self.get(target).and_then(|m| m.value(self.job.metric))
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TargetInfo {
+    pub name: String,
+    pub version: String,
+    pub how: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Results {
+    pub suite: String,
+    pub command: String,
+    pub started: String,
+    pub seconds: f64,
+    pub protocol: String,
+    pub targets: Vec<TargetInfo>,
+    pub facts: Vec<(String, String)>,
+    pub notes: Vec<String>,
+    pub jobs: Vec<JobResult>,
+}
+
+impl Results {
+    /// Target names in column order: nasd first, then peers, local last.
+    pub fn target_names(&self) -> Vec<String> {
+        self.targets.iter().map(|t| t.name.clone()).collect()
+    }
+    pub fn peers(&self) -> Vec<String> {
+        self.targets.iter().map(|t| t.name.clone()).filter(|n| n != "nasd" && n != "local").collect()
+    }
+    pub fn has(&self, name: &str) -> bool {
+        self.targets.iter().any(|t| t.name == name)
+    }
+}
+
+fn repo_tests_dir() -> Option<PathBuf> {
+    // target/release/nasd -> <repo>/tests
+    let exe = std::env::current_exe().ok()?;
+    let repo = exe.parent()?.parent()?.parent()?;
+    let t = repo.join("tests");
+    t.join("rig").is_dir().then_some(t)
+}
+
+fn cache_dirs() -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    if let Some(d) = std::env::var_os("NASD_TEST_CACHE") {
+        v.push(PathBuf::from(d));
+    }
+    if let Some(t) = repo_tests_dir() {
+        v.push(t.parent().unwrap().join("target/test-cache"));
+    }
+    v
+}
+
+/// A tool of the test rig: `$ENV`, else the newest `<cache>/<prefix>*[/suffix]`, else built by
+/// `python3 -m rig.<module>` from the repository's tests directory.
+fn rig_tool(env: &str, prefix: &str, suffix: &str, module: &str) -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os(env) {
+        return Ok(PathBuf::from(p));
+    }
+    for d in cache_dirs() {
+        let mut found: Vec<(std::time::SystemTime, PathBuf)> = Vec::new();
+        if let Ok(rd) = std::fs::read_dir(&d) {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().to_string();
+                if !name.starts_with(prefix) || name.ends_with(".log") || name.ends_with(".lock") {
+                    continue;
+                }
+                let p = if suffix.is_empty() { e.path() } else { e.path().join(suffix) };
+                if let Ok(m) = std::fs::metadata(&p) {
+                    if m.is_file() {
+                        found.push((m.modified().unwrap_or(std::time::UNIX_EPOCH), p));
+                    }
+                }
+            }
+        }
+        found.sort();
+        if let Some((_, p)) = found.pop() {
+            return Ok(p);
+        }
+    }
+    if let Some(t) = repo_tests_dir() {
+        eprintln!("bench: building the test rig's {module} (python3 -m rig.{module}) ...");
+        let o = std::process::Command::new("python3").args(["-m", &format!("rig.{module}")]).current_dir(&t).output()?;
+        if o.status.success() {
+            let p = String::from_utf8_lossy(&o.stdout).trim().lines().last().unwrap_or("").to_string();
+            if !p.is_empty() {
+                return Ok(PathBuf::from(p));
+            }
+        }
+        bail!("python3 -m rig.{module} failed:\n{}", String::from_utf8_lossy(&o.stderr));
+    }
+    bail!("no {prefix} binary: set {env} (or --fio) or run `cd tests && python3 -m rig.{module}`")
+}
+
+fn fmt_dur(s: f64) -> String {
+    let s = s.max(0.0) as u64;
+    format!("{}:{:02}", s / 60, s % 60)
+}
+
+fn now_string() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M:%S UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+struct Runner {
+    fio: PathBuf,
+    nfsh: Option<PathBuf>,
+    raw: PathBuf,
+    /// (target, file) -> size laid out
+    laid_out: HashMap<(String, String), u64>,
+}
+
+impl Runner {
+    fn save_raw(&self, tag: &str, text: &str) {
+        let _ = std::fs::write(self.raw.join(format!("{tag}.json")), text);
+    }
+
+    /// Read jobs can't create files through libnfs: write the file at bs=128k first.
+    fn ensure_file(&mut self, t: &Target, file: &str, size: u64) -> Result<()> {
+        let key = (t.name.clone(), file.to_string());
+        if self.laid_out.get(&key).is_some_and(|&s| s >= size) {
+            return Ok(());
+        }
+        let args = fio::layout_command(file, size, &t.engine);
+        fio::run(&self.fio, &args, 1800).with_context(|| format!("laying out {file} on {}", t.name))?;
+        self.laid_out.insert(key, size);
+        Ok(())
+    }
+
+    fn remove_file(&mut self, t: &Target, file: &str) {
+        self.laid_out.remove(&(t.name.clone(), file.to_string()));
+        if let Some(d) = t.data_dir() {
+            let _ = std::fs::remove_file(d.join(file));
+        } else if let (Some(nfsh), Some(url)) = (&self.nfsh, &t.url) {
+            let _ = std::process::Command::new(nfsh).args([url.as_str(), "unlink", &format!("/{file}")]).output();
+        }
+    }
+
+    fn nfsh(&self, t: &Target, args: &[String]) -> Result<(String, serde_json::Value)> {
+        let nfsh = self.nfsh.as_ref().ok_or_else(|| anyhow!("no libnfs helper (nfsh): run `cd tests && python3 -m rig.nfsh`"))?;
+        let url = t.url.as_ref().unwrap();
+        let mut argv = vec![url.clone()];
+        argv.extend(args.iter().cloned());
+        let o = std::process::Command::new(nfsh).args(&argv).output()?;
+        let cmd = format!("nfsh {}", fio::shell_join(&argv));
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        if !o.status.success() {
+            bail!("{cmd}: {}{}", out, String::from_utf8_lossy(&o.stderr));
+        }
+        let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap_or("{}")).context("nfsh output")?;
+        Ok((cmd, v))
+    }
+
+    fn run_job(&mut self, t: &mut Target, job: &Job, idx: usize) -> Measurement {
+        let mut m = Measurement { target: t.name.clone(), ..Default::default() };
+        let t0 = Instant::now();
+        let before = t.metrics.and_then(|a| metrics::scrape(a).ok());
+        let r = self.run_job_inner(t, job, idx, &mut m);
+        if let (Some(b), Some(a)) = (before, t.metrics.and_then(|a| metrics::scrape(a).ok())) {
+            m.server = Some(metrics::diff(&b, &a));
+        }
+        if let Err(e) = r {
+            m.error = Some(format!("{e:#}"));
+            eprintln!("bench:   {} failed: {e:#}", t.name);
+        }
+        if let Err(e) = t.check_alive() {
+            m.error.get_or_insert(format!("{e:#}"));
+        }
+        m.seconds = t0.elapsed().as_secs_f64();
+        m
+    }
+
+    fn run_job_inner(&mut self, t: &mut Target, job: &Job, idx: usize, m: &mut Measurement) -> Result<()> {
+        let tag = |suffix: &str| format!("{:03}-{}-{}{}", idx, slug(&job.name), t.name, suffix);
+        match &job.kind {
+            JobKind::Fio(s) => {
+                self.ensure_file(t, &s.file, s.size)?;
+                let args = fio::command_line(s, &slug(&job.name), &t.engine);
+                m.commands.push(format!("fio {}", fio::shell_join(&args)));
+                let run = fio::run(&self.fio, &args, s.runtime + s.ramp + 600)?;
+                self.save_raw(&tag(""), &run.raw);
+                m.fio = Some(run.result);
+            }
+            JobKind::Iozone { op, shape } => {
+                if op == "write" {
+                    self.remove_file(t, &shape.file);
+                } else {
+                    self.ensure_file(t, &shape.file, shape.size)?;
+                }
+                let args = fio::command_line(shape, op, &t.engine);
+                m.commands.push(format!("fio {}", fio::shell_join(&args)));
+                let run = fio::run(&self.fio, &args, 1800)?;
+                self.save_raw(&tag(""), &run.raw);
+                m.fio = Some(run.result);
+                self.laid_out.insert((t.name.clone(), shape.file.clone()), shape.size);
+                if op == "reread" {
+                    self.remove_file(t, &shape.file);
+                }
+            }
+            JobKind::Scale { clients, shape } => {
+                let mut children = Vec::new();
+                let mut argvs = Vec::new();
+                for c in 0..*clients {
+                    let mut s = shape.clone();
+                    s.file = format!("scale-c{c}.dat");
+                    self.ensure_file(t, &s.file, s.size)?;
+                    let args = fio::command_line(&s, &format!("client{c}"), &t.engine);
+                    m.commands.push(format!("fio {}", fio::shell_join(&args)));
+                    argvs.push((s, args));
+                }
+                // Separate processes (own connections), started together.
+                for (_, args) in &argvs {
+                    children.push(fio::spawn(&self.fio, args)?);
+                }
+                let mut parts = Vec::new();
+                let mut first_err = None;
+                for (c, (child, (s, args))) in children.into_iter().zip(&argvs).enumerate() {
+                    match fio::wait(child, args, s.runtime + s.ramp + 600) {
+                        Ok(run) => {
+                            self.save_raw(&tag(&format!("-c{c}")), &run.raw);
+                            parts.push(run.result);
+                        }
+                        Err(e) => {
+                            first_err.get_or_insert(e);
+                        }
+                    }
+                }
+                if let Some(e) = first_err {
+                    return Err(e);
+                }
+                m.fio = Some(fio::FioResult::aggregate(&parts));
+            }
+            JobKind::Meta { op, files, dirs } => {
+                if let Some(dir) = t.local_dir.clone() {
+                    let (ops, secs) = local::meta(&dir, *op, *files, *dirs)?;
+                    m.commands.push(format!("local system calls: {:?} over {files} files", op));
+                    m.ops_per_sec = Some(ops as f64 / secs.max(1e-9));
+                    return Ok(());
+                }
+                let per = (files / dirs.max(&1)).max(1);
+                let (args, count_key): (Vec<String>, &str) = match op {
+                    MetaOp::Tree => (vec!["mkdir-tree".into(), "/md-tree".into(), dirs.to_string(), per.to_string()], "ops"),
+                    MetaOp::Create => {
+                        let _ = self.nfsh(t, &["mkdir".into(), "/md-flat".into()]);
+                        (vec!["create-loop".into(), "/md-flat".into(), files.to_string()], "ops")
+                    }
+                    MetaOp::Stat => (vec!["stat-loop".into(), "/md-flat".into(), files.to_string()], "ops"),
+                    MetaOp::Readdir => (vec!["readdir".into(), "/md-flat".into()], "count"),
+                    MetaOp::Remove => (vec!["remove-loop".into(), "/md-flat".into(), files.to_string()], "ops"),
+                };
+                let (cmd, v) = self.nfsh(t, &args)?;
+                m.commands.push(cmd);
+                self.save_raw(&tag(""), &v.to_string());
+                let ops = v[count_key].as_f64().unwrap_or(0.0);
+                let secs = v["seconds"].as_f64().unwrap_or(0.0);
+                m.ops_per_sec = Some(ops / secs.max(1e-9));
+                if *op == MetaOp::Tree {
+                    if let Some(d) = t.data_dir() {
+                        let _ = std::fs::remove_dir_all(d.join("md-tree"));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+pub fn slug(s: &str) -> String {
+    let mut o = String::new();
+    for c in s.chars() {
+        if c.is_ascii_alphanumeric() {
+            o.push(c);
+        } else if !o.ends_with('-') {
+            o.push('-');
+        }
+    }
+    o.trim_matches('-').to_string()
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    let t_start = Instant::now();
+    if !suites::SUITES.contains(&args.suite.as_str()) {
+        bail!("unknown suite {:?}: one of {}", args.suite, suites::SUITES.join(", "));
+    }
+    let protocol: u32 = match args.protocol.as_str() {
+        "v3" | "3" => 3,
+        "v4" | "4" => 4,
+        p => bail!("unknown protocol {p:?}: v3 or v4"),
+    };
+    let mut params = suites::default_params(&args.suite);
+    if let Some(r) = args.runtime {
+        params.runtime = r;
+        params.ramp = params.ramp.min(r / 5);
+    }
+    if let Some(s) = &args.size {
+        params.size = fio::parse_size(s)?;
+    }
+    let jobs = suites::jobs(&args.suite, params);
+
+    let mut specs: Vec<TargetSpec> = args.targets.iter().map(|t| TargetSpec::parse(t)).collect::<Result<_>>()?;
+    if specs.is_empty() {
+        if protocol == 3 {
+            specs.push(TargetSpec::Nasd);
+        }
+        if targets::ganesha_available() {
+            specs.push(TargetSpec::Ganesha);
+        }
+    }
+    if specs.is_empty() {
+        bail!("no target: give --target");
+    }
+    // nasd first, local last.
+    specs.sort_by_key(|s| match s {
+        TargetSpec::Nasd => 0,
+        TargetSpec::Local => 3,
+        TargetSpec::Ganesha => 1,
+        TargetSpec::Url(_) => 2,
+    });
+    specs.dedup();
+    if !args.no_local && !specs.contains(&TargetSpec::Local) {
+        specs.push(TargetSpec::Local);
+    }
+
+    std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    let out = args.out.canonicalize()?;
+    let raw = out.join("raw");
+    let _ = std::fs::remove_dir_all(&raw);
+    std::fs::create_dir_all(&raw)?;
+    let work = out.join("work");
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work)?;
+
+    let fio_bin = match &args.fio {
+        Some(f) => f.clone(),
+        None => rig_tool("NASD_FIO", "fio-libnfs-", "fio", "fio")?,
+    };
+    if !fio::engines(&fio_bin).iter().any(|e| e == "nfs") {
+        bail!("{} has no nfs ioengine: build fio with libnfs (cd tests && python3 -m rig.fio)", fio_bin.display());
+    }
+    let needs_nfsh = jobs.iter().any(|j| matches!(j.kind, JobKind::Meta { .. }));
+    let nfsh = if needs_nfsh { Some(rig_tool("NASD_NFSH", "nfsh-", "", "nfsh")?) } else { None };
+    let local_engine = if specs.contains(&TargetSpec::Local) { local::pick_engine(&fio_bin, &work.join("local")) } else { "psync".into() };
+
+    let font_ok = plot::load_font();
+    if let Err(e) = &font_ok {
+        bail!("{e:#}");
+    }
+
+    eprintln!("bench: suite {} ({} jobs), fio {}", args.suite, jobs.len(), fio_bin.display());
+    let mut tgts: Vec<Target> = Vec::new();
+    for s in &specs {
+        let name = match s {
+            TargetSpec::Nasd => "nasd".to_string(),
+            TargetSpec::Ganesha => "ganesha".into(),
+            TargetSpec::Local => "local".into(),
+            TargetSpec::Url(_) => format!("url{}", tgts.len()),
+        };
+        eprintln!("bench: starting {name}");
+        tgts.push(Target::start(s, &work.join(&name), protocol, &local_engine)?);
+    }
+    let mut notes = Vec::new();
+    if args.suite == "iozone" || args.suite == "all" {
+        notes.push("iozone matrix: driven by fio (iozone is not packaged in the registries we use): one pass per case, write = new file, rewrite = same file again, read and re-read = two passes over it, iodepth 1.".into());
+    }
+    if local_engine == "psync" {
+        notes.push("local ceiling uses ioengine=psync (synchronous): its iodepth is effectively 1".into());
+    }
+
+    let mut runner = Runner { fio: fio_bin.clone(), nfsh, raw, laid_out: HashMap::new() };
+    let planned_total: f64 = jobs.iter().map(|j| j.planned_secs()).sum::<f64>() * tgts.len() as f64;
+    let mut planned_done = 0.0;
+    let t_jobs = Instant::now();
+    let mut results: Vec<JobResult> = Vec::new();
+    let n = jobs.len();
+    for (i, job) in jobs.iter().enumerate() {
+        let mut runs = Vec::new();
+        // Alternate which target goes first (fairness: caches, disk state, thermal).
+        let k = tgts.len();
+        for step in 0..k {
+            let ti = (i + step) % k;
+            let elapsed = t_jobs.elapsed().as_secs_f64();
+            let eta = if planned_done > 0.0 { (planned_total - planned_done) * elapsed / planned_done } else { planned_total };
+            eprintln!("bench: [{}/{n}] {:<8} {:<40} elapsed {} ETA {}", i + 1, tgts[ti].name, job.name, fmt_dur(elapsed), fmt_dur(eta));
+            let m = runner.run_job(&mut tgts[ti], job, i);
+            runs.push(m);
+            planned_done += job.planned_secs();
+        }
+        let order: Vec<String> = tgts.iter().map(|t| t.name.clone()).collect();
+        runs.sort_by_key(|m| order.iter().position(|n| *n == m.target));
+        results.push(JobResult { job: job.clone(), runs });
+    }
+
+    let mut facts = report::machine_facts(&out);
+    facts.push(("fio".into(), format!("{} (libnfs engine; {})", fio::version(&fio_bin), fio_bin.file_name().unwrap().to_string_lossy())));
+    facts.push(("local fio engine".into(), format!("{local_engine}, direct=1")));
+    let results = Results {
+        suite: args.suite.clone(),
+        command: std::env::args().map(|a| a.to_string()).collect::<Vec<_>>().join(" "),
+        started: now_string(),
+        seconds: t_start.elapsed().as_secs_f64(),
+        protocol: format!("NFSv{protocol}"),
+        targets: tgts.iter().map(|t| TargetInfo { name: t.name.clone(), version: t.version.clone(), how: t.how.clone() }).collect(),
+        facts,
+        notes,
+        jobs: results,
+    };
+    for t in &mut tgts {
+        t.stop();
+        if !args.keep_data {
+            t.cleanup();
+        }
+    }
+    drop(tgts);
+    std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&results)?)?;
+    let old = match &args.compare {
+        Some(d) => Some(
+            serde_json::from_str::<Results>(&std::fs::read_to_string(d.join("results.json")).with_context(|| format!("{}/results.json", d.display()))?)
+                .with_context(|| format!("parsing {}/results.json", d.display()))?,
+        ),
+        None => None,
+    };
+    let plots = plot::all(&results, &out)?;
+    std::fs::write(out.join("report.md"), report::markdown(&results, old.as_ref(), &plots))?;
+    std::fs::write(out.join("report.html"), report::html(&results, old.as_ref(), &plots))?;
+    if !args.keep_data {
+        let _ = std::fs::remove_dir_all(&work);
+    }
+    let failed = results.jobs.iter().flat_map(|j| &j.runs).filter(|m| m.error.is_some()).count();
+    eprintln!("bench: done in {}; report in {}/report.md ({} failed runs)", fmt_dur(t_start.elapsed().as_secs_f64()), out.display(), failed);
+    Ok(())
+}

@@ -1,0 +1,502 @@
+//! report.md and report.html: one table per suite (rows = jobs, columns = targets, with
+//! nasd ÷ peer and nasd ÷ local ratio columns), latency, server-side figures, the exact
+//! command lines, machine facts and plots. Both formats render the same blocks.
+
+use super::suites::{iozone_cases, JobKind, IOZONE_OPS};
+use super::{fio::fmt_size, JobResult, Results};
+use std::collections::BTreeSet;
+use std::path::Path;
+
+/// A report element, rendered as Markdown or HTML.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Block {
+    Heading(u8, String),
+    Para(String),
+    Table { header: Vec<String>, rows: Vec<Vec<String>> },
+    Code(String),
+    Image { file: String, alt: String },
+}
+
+/// nasd ÷ other, when both are known and the divisor is positive.
+pub fn ratio(nasd: Option<f64>, other: Option<f64>) -> Option<f64> {
+    match (nasd, other) {
+        (Some(a), Some(b)) if b > 0.0 && a.is_finite() && b.is_finite() => Some(a / b),
+        _ => None,
+    }
+}
+
+pub fn fmt_num(v: f64) -> String {
+    if !v.is_finite() {
+        return "-".into();
+    }
+    let a = v.abs();
+    if a >= 100.0 {
+        format!("{:.0}", v)
+    } else if a >= 10.0 {
+        format!("{:.1}", v)
+    } else {
+        format!("{:.2}", v)
+    }
+}
+
+pub fn fmt_ratio(r: Option<f64>) -> String {
+    r.map(|r| format!("{r:.2}×")).unwrap_or_else(|| "-".into())
+}
+
+fn cell(j: &JobResult, target: &str) -> String {
+    match j.get(target) {
+        None => "-".into(),
+        Some(m) if m.error.is_some() => "error".into(),
+        Some(m) => m.value(j.job.metric).map(fmt_num).unwrap_or_else(|| "-".into()),
+    }
+}
+
+fn suites_in(r: &Results) -> Vec<String> {
+    let mut v: Vec<String> = Vec::new();
+    for j in &r.jobs {
+        if !v.contains(&j.job.suite) {
+            v.push(j.job.suite.clone());
+        }
+    }
+    v
+}
+
+/// The headline table of a suite: rows = jobs, columns = targets then ratios.
+pub fn main_table(r: &Results, suite: &str) -> Block {
+    let names = r.target_names();
+    let peers = r.peers();
+    let mut header = vec!["job".to_string(), "unit".into()];
+    header.extend(names.iter().cloned());
+    let nasd = r.has("nasd");
+    if nasd {
+        for p in &peers {
+            header.push(format!("nasd÷{p}"));
+        }
+        if r.has("local") {
+            header.push("nasd÷local".into());
+        }
+    }
+    let mut rows = Vec::new();
+    for j in r.jobs.iter().filter(|j| j.job.suite == suite) {
+        let mut row = vec![j.job.name.clone(), j.job.metric.label().to_string()];
+        for n in &names {
+            row.push(cell(j, n));
+        }
+        if nasd {
+            for p in &peers {
+                row.push(fmt_ratio(ratio(j.value("nasd"), j.value(p))));
+            }
+            if r.has("local") {
+                row.push(fmt_ratio(ratio(j.value("nasd"), j.value("local"))));
+            }
+        }
+        rows.push(row);
+    }
+    Block::Table { header, rows }
+}
+
+fn latency_table(r: &Results, suite: &str) -> Option<Block> {
+    let names = r.target_names();
+    let mut header = vec!["job".to_string()];
+    for n in &names {
+        header.push(format!("{n} mean / p50 / p99 / p99.9 (µs)"));
+    }
+    let mut rows = Vec::new();
+    for j in r.jobs.iter().filter(|j| j.job.suite == suite) {
+        if matches!(j.job.kind, JobKind::Meta { .. }) {
+            continue;
+        }
+        let mut row = vec![j.job.name.clone()];
+        for n in &names {
+            row.push(match j.get(n).and_then(|m| m.fio.as_ref()) {
+                Some(f) => format!("{} / {} / {} / {}", fmt_num(f.lat_mean_us()), fmt_num(f.lat_p50_us()), fmt_num(f.lat_p99_us()), fmt_num(f.lat_p999_us())),
+                None => "-".into(),
+            });
+        }
+        rows.push(row);
+    }
+    (!rows.is_empty()).then_some(Block::Table { header, rows })
+}
+
+fn server_table(r: &Results, suite: &str) -> Option<Block> {
+    let header = ["job", "client mean (µs)", "server procedure", "calls", "server mean (µs)", "server p50 (µs)", "server p99 (µs)", "server errors"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut rows = Vec::new();
+    for j in r.jobs.iter().filter(|j| j.job.suite == suite) {
+        let Some(m) = j.get("nasd") else { continue };
+        let Some(s) = &m.server else { continue };
+        let client = m.fio.as_ref().map(|f| fmt_num(f.lat_mean_us())).unwrap_or_else(|| "-".into());
+        for (k, p) in s.procs.iter().take(2).enumerate() {
+            rows.push(vec![
+                if k == 0 { j.job.name.clone() } else { String::new() },
+                if k == 0 { client.clone() } else { String::new() },
+                p.procedure.clone(),
+                p.calls.to_string(),
+                fmt_num(p.mean_us),
+                fmt_num(p.p50_us),
+                fmt_num(p.p99_us),
+                if k == 0 { s.errors.to_string() } else { String::new() },
+            ]);
+        }
+    }
+    (!rows.is_empty()).then_some(Block::Table { header, rows })
+}
+
+/// iozone-style tables: per operation and target, MiB/s by file size (rows) × record size.
+fn iozone_blocks(r: &Results) -> Vec<Block> {
+    let mut out = Vec::new();
+    let cases: Vec<(u64, u64)> = r
+        .jobs
+        .iter()
+        .filter_map(|j| match &j.job.kind {
+            JobKind::Iozone { shape, .. } => Some((shape.size, shape.bs)),
+            _ => None,
+        })
+        .collect();
+    if cases.is_empty() {
+        return out;
+    }
+    let files: BTreeSet<u64> = cases.iter().map(|c| c.0).collect();
+    let recs: BTreeSet<u64> = cases.iter().map(|c| c.1).collect();
+    let max_file = *files.iter().last().unwrap();
+    out.push(Block::Para(format!(
+        "{} cases (files {}–{}, records {}–{}; records of 32k and below skipped for files above 32m), the iozone -a matrix. Max and mean over all cases, MiB/s:",
+        iozone_cases(max_file).len(),
+        fmt_size(*files.iter().next().unwrap()),
+        fmt_size(max_file),
+        fmt_size(*recs.iter().next().unwrap()),
+        fmt_size(*recs.iter().last().unwrap())
+    )));
+    let names = r.target_names();
+    let mut header = vec!["operation".to_string()];
+    for n in &names {
+        header.push(format!("{n} max"));
+        header.push(format!("{n} mean"));
+    }
+    let mut rows = Vec::new();
+    for op in IOZONE_OPS {
+        let mut row = vec![op.to_string()];
+        for n in &names {
+            let vals: Vec<f64> = r
+                .jobs
+                .iter()
+                .filter(|j| matches!(&j.job.kind, JobKind::Iozone { op: o, .. } if o == op))
+                .filter_map(|j| j.value(n))
+                .collect();
+            let max = vals.iter().cloned().fold(f64::NAN, f64::max);
+            let mean = if vals.is_empty() { f64::NAN } else { vals.iter().sum::<f64>() / vals.len() as f64 };
+            row.push(fmt_num(max));
+            row.push(fmt_num(mean));
+        }
+        rows.push(row);
+    }
+    out.push(Block::Table { header, rows });
+    for op in IOZONE_OPS {
+        for n in &names {
+            out.push(Block::Heading(4, format!("{op}, {n}: MiB/s, rows = file size, columns = record size")));
+            let mut header = vec!["file \\ record".to_string()];
+            header.extend(recs.iter().map(|r| fmt_size(*r)));
+            let mut rows = Vec::new();
+            for f in &files {
+                let mut row = vec![fmt_size(*f)];
+                for rc in &recs {
+                    let v = r.jobs.iter().find(|j| matches!(&j.job.kind, JobKind::Iozone { op: o, shape } if o == op && shape.size == *f && shape.bs == *rc));
+                    row.push(v.and_then(|j| j.value(n)).map(fmt_num).unwrap_or_default());
+                }
+                rows.push(row);
+            }
+            out.push(Block::Table { header, rows });
+        }
+    }
+    out
+}
+
+fn compare_table(new: &Results, old: &Results) -> Block {
+    let mut rows = Vec::new();
+    for j in &new.jobs {
+        let Some(o) = old.jobs.iter().find(|o| o.job.suite == j.job.suite && o.job.name == j.job.name) else { continue };
+        for t in new.target_names() {
+            let (a, b) = (o.value(&t), j.value(&t));
+            if a.is_none() && b.is_none() {
+                continue;
+            }
+            let change = ratio(b, a).map(|r| format!("{:+.1}%", (r - 1.0) * 100.0)).unwrap_or_else(|| "-".into());
+            rows.push(vec![
+                j.job.name.clone(),
+                t.clone(),
+                j.job.metric.label().into(),
+                a.map(fmt_num).unwrap_or_else(|| "-".into()),
+                b.map(fmt_num).unwrap_or_else(|| "-".into()),
+                change,
+            ]);
+        }
+    }
+    Block::Table { header: ["job", "target", "unit", "before", "now", "change"].iter().map(|s| s.to_string()).collect(), rows }
+}
+
+/// Everything in the report, in order.
+pub fn blocks(r: &Results, old: Option<&Results>, plots: &[(String, String)]) -> Vec<Block> {
+    let mut b = Vec::new();
+    b.push(Block::Heading(1, format!("nasd bench: {} suite", r.suite)));
+    b.push(Block::Para(format!(
+        "Run {} ({} s). Client: fio with the libnfs engine ({}, over TCP to 127.0.0.1), one process per job; each job shape runs against every target in turn before the next shape, and the target that goes first rotates from job to job. `local` is the local disk's own direct-I/O figure for the same shape, on the file system that holds the servers' data: the ceiling.",
+        r.started,
+        r.seconds as u64,
+        r.protocol
+    )));
+    b.push(Block::Code(r.command.clone()));
+    b.push(Block::Heading(2, "Targets".into()));
+    b.push(Block::Table {
+        header: vec!["target".into(), "version".into(), "how".into()],
+        rows: r.targets.iter().map(|t| vec![t.name.clone(), t.version.clone(), t.how.clone()]).collect(),
+    });
+    b.push(Block::Heading(2, "Machine".into()));
+    b.push(Block::Table { header: vec!["fact".into(), "value".into()], rows: r.facts.iter().map(|(k, v)| vec![k.clone(), v.clone()]).collect() });
+    for n in &r.notes {
+        b.push(Block::Para(format!("Note: {n}")));
+    }
+    for suite in suites_in(r) {
+        b.push(Block::Heading(2, format!("Suite `{suite}`")));
+        b.push(Block::Para("Headline figure per job (higher is better); ratios above 1 mean nasd is faster.".into()));
+        b.push(main_table(r, &suite));
+        for (file, alt) in plots.iter().filter(|(f, _)| f.starts_with(&format!("{suite}-"))) {
+            b.push(Block::Image { file: file.clone(), alt: alt.clone() });
+        }
+        if suite == "iozone" {
+            b.extend(iozone_blocks(r));
+            continue;
+        }
+        if let Some(t) = latency_table(r, &suite) {
+            b.push(Block::Heading(3, "Completion latency (client side)".into()));
+            b.push(t);
+        }
+        if let Some(t) = server_table(r, &suite) {
+            b.push(Block::Heading(3, "nasd server side (from /metrics, scraped before and after each job)".into()));
+            b.push(Block::Para("Server latency is from a complete request to its reply being queued; p50/p99 are interpolated from the histogram buckets.".into()));
+            b.push(t);
+        }
+    }
+    if let Some(o) = old {
+        b.push(Block::Heading(2, format!("Change since the earlier report ({})", o.started)));
+        b.push(compare_table(r, o));
+    }
+    let errors: Vec<Vec<String>> = r
+        .jobs
+        .iter()
+        .flat_map(|j| j.runs.iter().filter_map(move |m| m.error.as_ref().map(|e| vec![j.job.name.clone(), m.target.clone(), e.lines().next().unwrap_or("").to_string()])))
+        .collect();
+    if !errors.is_empty() {
+        b.push(Block::Heading(2, "Failed runs".into()));
+        b.push(Block::Table { header: vec!["job".into(), "target".into(), "error".into()], rows: errors });
+    }
+    b.push(Block::Heading(2, "Exact command lines".into()));
+    b.push(Block::Para("Raw fio JSON of every run is in raw/, all figures in results.json.".into()));
+    let mut text = String::new();
+    let mut iozone_seen = BTreeSet::new();
+    for j in &r.jobs {
+        if let JobKind::Iozone { op, .. } = &j.job.kind {
+            if !iozone_seen.insert(op.clone()) {
+                continue;
+            }
+            text.push_str("# iozone matrix: one example per operation; the other cases differ in --bs, --size and --filename\n");
+        }
+        text.push_str(&format!("# {} / {}\n", j.job.suite, j.job.name));
+        for m in &j.runs {
+            for c in &m.commands {
+                text.push_str(c);
+                text.push('\n');
+            }
+        }
+    }
+    b.push(Block::Code(text));
+    b
+}
+
+fn md_escape(s: &str) -> String {
+    s.replace('|', "\\|")
+}
+
+pub fn render_md(blocks: &[Block]) -> String {
+    let mut o = String::new();
+    for b in blocks {
+        match b {
+            Block::Heading(l, t) => o.push_str(&format!("{} {}\n\n", "#".repeat(*l as usize), t)),
+            Block::Para(t) => o.push_str(&format!("{t}\n\n")),
+            Block::Code(t) => o.push_str(&format!("```\n{}\n```\n\n", t.trim_end())),
+            Block::Image { file, alt } => o.push_str(&format!("![{alt}]({file})\n\n")),
+            Block::Table { header, rows } => {
+                o.push_str(&format!("| {} |\n", header.iter().map(|h| md_escape(h)).collect::<Vec<_>>().join(" | ")));
+                o.push_str(&format!("|{}\n", header.iter().enumerate().map(|(i, _)| if i == 0 { "---|" } else { "---:|" }).collect::<String>()));
+                for r in rows {
+                    o.push_str(&format!("| {} |\n", r.iter().map(|c| md_escape(c)).collect::<Vec<_>>().join(" | ")));
+                }
+                o.push('\n');
+            }
+        }
+    }
+    o
+}
+
+fn h(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+fn inline_code(s: &str) -> String {
+    // `x` -> <code>x</code> after escaping
+    let mut o = String::new();
+    for (i, part) in h(s).split('`').enumerate() {
+        if i % 2 == 1 {
+            o.push_str(&format!("<code>{part}</code>"));
+        } else {
+            o.push_str(part);
+        }
+    }
+    o
+}
+
+pub fn render_html(blocks: &[Block], title: &str) -> String {
+    let mut o = format!(
+        "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>{}</title>\n<style>\nbody{{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}}\ntable{{border-collapse:collapse;margin:1em 0;font-size:90%}}\nth,td{{border:1px solid #ccc;padding:3px 8px}}\ntd{{text-align:right}}td:first-child{{text-align:left}}\nth{{background:#eee}}\npre{{background:#f6f6f6;padding:1em;overflow-x:auto;font-size:85%}}\nimg{{max-width:100%;border:1px solid #ddd;margin:.5em 0}}\n</style></head><body>\n",
+        h(title)
+    );
+    for b in blocks {
+        match b {
+            Block::Heading(l, t) => o.push_str(&format!("<h{l}>{}</h{l}>\n", inline_code(t))),
+            Block::Para(t) => o.push_str(&format!("<p>{}</p>\n", inline_code(t))),
+            Block::Code(t) => o.push_str(&format!("<pre>{}</pre>\n", h(t.trim_end()))),
+            Block::Image { file, alt } => o.push_str(&format!("<p><img src=\"{}\" alt=\"{}\"></p>\n", h(file), h(alt))),
+            Block::Table { header, rows } => {
+                o.push_str("<table>\n<tr>");
+                for c in header {
+                    o.push_str(&format!("<th>{}</th>", h(c)));
+                }
+                o.push_str("</tr>\n");
+                for r in rows {
+                    o.push_str("<tr>");
+                    for c in r {
+                        o.push_str(&format!("<td>{}</td>", h(c)));
+                    }
+                    o.push_str("</tr>\n");
+                }
+                o.push_str("</table>\n");
+            }
+        }
+    }
+    o.push_str("</body></html>\n");
+    o
+}
+
+pub fn markdown(r: &Results, old: Option<&Results>, plots: &[(String, String)]) -> String {
+    render_md(&blocks(r, old, plots))
+}
+
+pub fn html(r: &Results, old: Option<&Results>, plots: &[(String, String)]) -> String {
+    render_html(&blocks(r, old, plots), &format!("nasd bench: {}", r.suite))
+}
+
+fn read(p: &str) -> String {
+    std::fs::read_to_string(p).unwrap_or_default()
+}
+
+fn cmd(argv: &[&str]) -> String {
+    std::process::Command::new(argv[0])
+        .args(&argv[1..])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+/// CPU, cores, memory, kernel, OS, file system of `dir`, versions.
+pub fn machine_facts(dir: &Path) -> Vec<(String, String)> {
+    let cpuinfo = read("/proc/cpuinfo");
+    let cpu = cpuinfo.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split_once(':')).map(|(_, v)| v.trim().to_string()).unwrap_or_default();
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let mem_kb: u64 = read("/proc/meminfo").lines().find(|l| l.starts_with("MemTotal:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0);
+    let os = read("/etc/os-release").lines().find(|l| l.starts_with("PRETTY_NAME=")).map(|l| l[12..].trim_matches('"').to_string()).unwrap_or_default();
+    let d = dir.display().to_string();
+    let fs = cmd(&["findmnt", "-n", "-o", "FSTYPE,OPTIONS", "--target", &d]);
+    let fs = if fs.is_empty() { cmd(&["stat", "-f", "-c", "%T", &d]) } else { fs };
+    let dev = cmd(&["findmnt", "-n", "-o", "SOURCE", "--target", &d]);
+    let libnfs = cmd(&["pkg-config", "--modversion", "libnfs"]);
+    vec![
+        ("CPU".into(), cpu),
+        ("cores".into(), cores.to_string()),
+        ("memory".into(), format!("{:.1} GiB", mem_kb as f64 / 1048576.0)),
+        ("kernel".into(), read("/proc/sys/kernel/osrelease").trim().to_string()),
+        ("OS".into(), os),
+        ("file system of the data".into(), format!("{fs} on {dev}")),
+        ("nasd".into(), format!("{} (this build)", env!("CARGO_PKG_VERSION"))),
+        ("libnfs".into(), if libnfs.is_empty() { "unknown".into() } else { libnfs }),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fio::{FioResult, FioShape};
+    use super::super::suites::{Job, Metric};
+    use super::super::{Measurement, TargetInfo};
+    use super::*;
+
+    fn results() -> Results {
+        let shape = FioShape { rw: "randread".into(), bs: 4096, iodepth: 1, rwmixread: None, size: 1 << 20, runtime: 1, ramp: 0, randrepeat0: false, file: "f".into() };
+        let meas = |t: &str, iops: f64, err: bool| {
+            let mut f = FioResult::default();
+            f.read.iops = iops;
+            f.read.ios = 10;
+            f.read.lat_mean_us = 100.0;
+            Measurement { target: t.into(), fio: Some(f), error: err.then(|| "boom".into()), commands: vec![format!("fio --name={t}")], ..Default::default() }
+        };
+        Results {
+            suite: "smoke".into(),
+            command: "nasd bench".into(),
+            started: "now".into(),
+            seconds: 1.0,
+            protocol: "NFSv3".into(),
+            targets: ["nasd", "ganesha", "local"].iter().map(|n| TargetInfo { name: n.to_string(), version: "v".into(), how: "h".into() }).collect(),
+            facts: vec![("CPU".into(), "x".into())],
+            notes: vec![],
+            jobs: vec![JobResult {
+                job: Job { suite: "smoke".into(), name: "4k randread qd1".into(), group: "g".into(), x: 1.0, metric: Metric::Iops, kind: JobKind::Fio(shape) },
+                runs: vec![meas("nasd", 3000.0, false), meas("ganesha", 1500.0, false), meas("local", 0.0, true)],
+            }],
+        }
+    }
+
+    #[test]
+    fn ratios() {
+        assert_eq!(ratio(Some(3.0), Some(1.5)), Some(2.0));
+        assert_eq!(ratio(Some(3.0), Some(0.0)), None);
+        assert_eq!(ratio(None, Some(1.0)), None);
+        assert_eq!(fmt_ratio(Some(0.5)), "0.50×");
+        assert_eq!(fmt_num(12345.6), "12346");
+        assert_eq!(fmt_num(12.34), "12.3");
+        assert_eq!(fmt_num(1.234), "1.23");
+    }
+
+    #[test]
+    fn main_table_has_targets_and_ratios() {
+        let r = results();
+        let Block::Table { header, rows } = main_table(&r, "smoke") else { panic!() };
+        assert_eq!(header, ["job", "unit", "nasd", "ganesha", "local", "nasd÷ganesha", "nasd÷local"]);
+        assert_eq!(rows[0], ["4k randread qd1", "IOPS", "3000", "1500", "error", "2.00×", "-"]);
+    }
+
+    #[test]
+    fn markdown_and_html_render() {
+        let r = results();
+        let md = markdown(&r, Some(&r), &[("smoke-bars.png".into(), "bars".into())]);
+        assert!(md.contains("| job | unit | nasd | ganesha | local | nasd÷ganesha | nasd÷local |"), "{md}");
+        assert!(md.contains("| 4k randread qd1 | IOPS | 3000 | 1500 | error | 2.00× | - |"), "{md}");
+        assert!(md.contains("![bars](smoke-bars.png)"));
+        assert!(md.contains("fio --name=nasd"));
+        assert!(md.contains("Change since the earlier report"));
+        assert!(md.contains("| 4k randread qd1 | nasd | IOPS | 3000 | 3000 | +0.0% |"), "{md}");
+        let html = html(&r, None, &[]);
+        assert!(html.contains("<th>nasd÷local</th>") && html.contains("<td>2.00×</td>"));
+        assert!(!html.contains("Change since"));
+    }
+}

@@ -1,0 +1,294 @@
+//! The job lists of each suite.
+
+use super::fio::{fmt_size, FioShape};
+use serde::{Deserialize, Serialize};
+
+const K: u64 = 1024;
+const M: u64 = 1024 * 1024;
+
+/// What the headline figure of a job is.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub enum Metric {
+    Iops,
+    MiBs,
+    OpsPerSec,
+}
+
+impl Metric {
+    pub fn label(self) -> &'static str {
+        match self {
+            Metric::Iops => "IOPS",
+            Metric::MiBs => "MiB/s",
+            Metric::OpsPerSec => "ops/s",
+        }
+    }
+}
+
+/// A metadata operation driven through libnfs (nfsh).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub enum MetaOp {
+    /// `mkdir-tree`: M directories with N/M files each (mkdir + create).
+    Tree,
+    Create,
+    Stat,
+    Readdir,
+    Remove,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub enum JobKind {
+    Fio(FioShape),
+    /// The same shape run by `clients` separate fio processes at once, each on its own file.
+    Scale { clients: u32, shape: FioShape },
+    /// iozone-style case: one pass of `op` over a file of `shape.size` in records of `shape.bs`.
+    Iozone { op: String, shape: FioShape },
+    Meta { op: MetaOp, files: u32, dirs: u32 },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Job {
+    pub suite: String,
+    pub name: String,
+    /// Jobs of a group are plotted together against `x`.
+    pub group: String,
+    pub x: f64,
+    pub metric: Metric,
+    pub kind: JobKind,
+}
+
+impl Job {
+    /// Planned seconds (for the ETA), per target.
+    pub fn planned_secs(&self) -> f64 {
+        match &self.kind {
+            JobKind::Fio(s) | JobKind::Scale { shape: s, .. } => (s.runtime + s.ramp) as f64 + 1.0,
+            JobKind::Iozone { shape, .. } => 0.3 + shape.size as f64 / (200.0 * M as f64),
+            JobKind::Meta { files, .. } => 1.0 + *files as f64 / 2000.0,
+        }
+    }
+}
+
+/// Run-time and size of the fio jobs of a suite.
+#[derive(Clone, Copy, Debug)]
+pub struct Params {
+    pub runtime: u64,
+    pub ramp: u64,
+    pub size: u64,
+}
+
+pub const SUITES: &[&str] = &["smoke", "quick", "standard", "iozone", "mix", "scale", "metadata", "all"];
+
+pub fn default_params(suite: &str) -> Params {
+    match suite {
+        "smoke" => Params { runtime: 1, ramp: 0, size: 8 * M },
+        "standard" | "all" => Params { runtime: 15, ramp: 2, size: 1024 * M },
+        "iozone" => Params { runtime: 0, ramp: 0, size: 512 * M },
+        _ => Params { runtime: 5, ramp: 1, size: 128 * M },
+    }
+}
+
+fn shape(rw: &str, bs: u64, iodepth: u32, p: Params) -> FioShape {
+    FioShape {
+        rw: rw.into(),
+        bs,
+        iodepth,
+        rwmixread: None,
+        size: p.size,
+        runtime: p.runtime,
+        ramp: p.ramp,
+        randrepeat0: false,
+        file: "bench.dat".into(),
+    }
+}
+
+fn fio_job(suite: &str, group: &str, x: f64, s: FioShape) -> Job {
+    let metric = if s.bs >= 64 * K { Metric::MiBs } else { Metric::Iops };
+    let mut name = format!("{} {} qd{}", fmt_size(s.bs), s.rw, s.iodepth);
+    if let Some(m) = s.rwmixread {
+        name = format!("{} {} {}/{} qd{}", fmt_size(s.bs), s.rw, m, 100 - m, s.iodepth);
+    }
+    if s.randrepeat0 {
+        name.push_str(" randrepeat=0");
+    }
+    Job { suite: suite.into(), name, group: group.into(), x, metric, kind: JobKind::Fio(s) }
+}
+
+/// The cloud-NAS fio shapes (`quick` and `standard`; `smoke` is a tiny subset).
+fn cloud(suite: &str, p: Params) -> Vec<Job> {
+    let mut v = Vec::new();
+    let depths: &[u32] = if suite == "smoke" { &[1, 16] } else { &[1, 16, 64, 128] };
+    for rw in ["randread", "randwrite"] {
+        for &qd in depths {
+            v.push(fio_job(suite, &format!("4k {rw}"), qd as f64, shape(rw, 4 * K, qd, p)));
+        }
+    }
+    let big_depths: &[u32] = match suite {
+        "standard" | "all" => &[16, 64],
+        _ => &[16],
+    };
+    for rw in ["randread", "randwrite", "read", "write"] {
+        if suite == "smoke" && rw.starts_with("rand") {
+            continue;
+        }
+        for &qd in big_depths {
+            v.push(fio_job(suite, &format!("1m {rw}"), qd as f64, shape(rw, M, qd, p)));
+        }
+    }
+    if suite != "smoke" {
+        v.push(fio_job(suite, "other", 0.0, shape("read", 8 * K, 16, p)));
+        v.push(fio_job(suite, "other", 0.0, shape("write", 32 * K, 16, p)));
+        v.push(fio_job(suite, "other", 0.0, shape("randwrite", 64 * K, 16, p)));
+    }
+    let mut mixed = shape("randrw", 16 * K, 16, p);
+    mixed.rwmixread = Some(75);
+    v.push(fio_job(suite, "other", 0.0, mixed));
+    v
+}
+
+/// Read/write ratio sweep.
+fn mix(p: Params) -> Vec<Job> {
+    let mut v = Vec::new();
+    for (rw, bs) in [("randrw", 4 * K), ("rw", 64 * K)] {
+        for rr0 in [false, true] {
+            for m in [100u32, 75, 50, 25, 0] {
+                let mut s = shape(rw, bs, 16, p);
+                s.rwmixread = Some(m);
+                s.randrepeat0 = rr0;
+                let group = format!("{} {}{}", fmt_size(bs), rw, if rr0 { " randrepeat=0" } else { "" });
+                v.push(fio_job("mix", &group, m as f64, s));
+            }
+        }
+    }
+    v
+}
+
+/// 1, 2, 4 and 8 concurrent clients (separate fio processes).
+fn scale(p: Params) -> Vec<Job> {
+    let mut v = Vec::new();
+    for (rw, bs) in [("randread", 4 * K), ("randwrite", 4 * K), ("read", M)] {
+        for clients in [1u32, 2, 4, 8] {
+            let mut s = shape(rw, bs, 16, p);
+            // The clients together touch about one suite-size of data.
+            s.size = (p.size / clients as u64).max(4 * M) / M * M;
+            let metric = if bs >= 64 * K { Metric::MiBs } else { Metric::Iops };
+            v.push(Job {
+                suite: "scale".into(),
+                name: format!("{} {} qd16 × {clients} clients", fmt_size(bs), rw),
+                group: format!("{} {}", fmt_size(bs), rw),
+                x: clients as f64,
+                metric,
+                kind: JobKind::Scale { clients, shape: s },
+            });
+        }
+    }
+    v
+}
+
+/// The iozone -a matrix: files 64 KiB..max, records 4 KiB..16 MiB (at most the file),
+/// records of 32 KiB and below skipped once files exceed 32 MiB.
+pub fn iozone_cases(max_file: u64) -> Vec<(u64, u64)> {
+    let mut v = Vec::new();
+    let mut f = 64 * K;
+    while f <= max_file.max(64 * K) {
+        let mut r = 4 * K;
+        while r <= 16 * M && r <= f {
+            if !(f > 32 * M && r <= 32 * K) {
+                v.push((f, r));
+            }
+            r *= 2;
+        }
+        f *= 2;
+    }
+    v
+}
+
+pub const IOZONE_OPS: [&str; 4] = ["write", "rewrite", "read", "reread"];
+
+fn iozone(p: Params) -> Vec<Job> {
+    let mut v = Vec::new();
+    for (f, r) in iozone_cases(p.size) {
+        for op in IOZONE_OPS {
+            let rw = if op.ends_with("write") { "write" } else { "read" };
+            let mut s = shape(rw, r, 1, Params { runtime: 0, ramp: 0, size: f });
+            s.file = format!("iozone-{}.dat", fmt_size(f));
+            v.push(Job {
+                suite: "iozone".into(),
+                name: format!("{op} file {} rec {}", fmt_size(f), fmt_size(r)),
+                group: op.into(),
+                x: r as f64,
+                metric: Metric::MiBs,
+                kind: JobKind::Iozone { op: op.into(), shape: s },
+            });
+        }
+    }
+    v
+}
+
+fn metadata(smoke: bool) -> Vec<Job> {
+    let (files, dirs) = if smoke { (200, 4) } else { (5000, 50) };
+    [(MetaOp::Tree, "mkdir-tree"), (MetaOp::Create, "create"), (MetaOp::Stat, "stat"), (MetaOp::Readdir, "readdir"), (MetaOp::Remove, "remove")]
+        .into_iter()
+        .map(|(op, n)| Job {
+            suite: "metadata".into(),
+            name: if op == MetaOp::Tree { format!("{n} {dirs} dirs × {} files", files / dirs) } else { format!("{n} {files} files") },
+            group: "metadata".into(),
+            x: 0.0,
+            metric: Metric::OpsPerSec,
+            kind: JobKind::Meta { op, files, dirs },
+        })
+        .collect()
+}
+
+/// The jobs of a suite. `p` gives the fio run-time and file size (for iozone: the largest file).
+pub fn jobs(suite: &str, p: Params) -> Vec<Job> {
+    match suite {
+        "smoke" | "quick" | "standard" => cloud(suite, p),
+        "mix" => mix(p),
+        "scale" => scale(p),
+        "iozone" => iozone(p),
+        "metadata" => metadata(false),
+        "all" => {
+            let mut v = cloud("standard", p);
+            v.extend(mix(p));
+            v.extend(scale(p));
+            v.extend(metadata(false));
+            v.extend(iozone(Params { size: default_params("iozone").size.min(p.size.max(64 * K)), ..p }));
+            v
+        }
+        _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iozone_matrix_follows_iozone_a() {
+        let c = iozone_cases(512 * M);
+        // 14 file sizes; 94 cases up to 32 MiB, 9 records each for the 4 larger files.
+        assert_eq!(c.len(), 130);
+        assert!(c.contains(&(64 * K, 4 * K)));
+        assert!(!c.contains(&(64 * M, 32 * K)));
+        assert!(c.contains(&(512 * M, 16 * M)));
+        assert!(c.iter().all(|&(f, r)| r <= f));
+    }
+
+    #[test]
+    fn quick_has_the_cloud_shapes() {
+        let j = jobs("quick", default_params("quick"));
+        let names: Vec<&str> = j.iter().map(|j| j.name.as_str()).collect();
+        for n in ["4k randread qd1", "4k randwrite qd128", "1m read qd16", "8k read qd16", "32k write qd16", "64k randwrite qd16", "16k randrw 75/25 qd16"] {
+            assert!(names.contains(&n), "{n} missing from {names:?}");
+        }
+        assert!(j.iter().map(|j| j.planned_secs()).sum::<f64>() < 150.0);
+    }
+
+    #[test]
+    fn every_suite_has_jobs() {
+        for s in SUITES {
+            assert!(!jobs(s, default_params(s)).is_empty(), "{s}");
+        }
+        assert_eq!(jobs("mix", default_params("mix")).len(), 20);
+        assert_eq!(jobs("scale", default_params("scale")).len(), 12);
+    }
+}
