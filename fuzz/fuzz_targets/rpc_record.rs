@@ -1,0 +1,39 @@
+//! Record marking over arbitrary bytes, with small limits so the size and fragment
+//! bounds are reached often. Reads records until end of stream or an error.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+use nasd::rpc::record::{read_record, RecordLimits};
+use std::cell::RefCell;
+
+thread_local! {
+    static RT: RefCell<tokio::runtime::Runtime> = RefCell::new(
+        tokio::runtime::Builder::new_current_thread().build().expect("runtime"));
+}
+
+fuzz_target!(|data: &[u8]| {
+    // First byte picks the limits; the rest is the stream.
+    let Some((&sel, stream)) = data.split_first() else { return };
+    let limits = RecordLimits {
+        max_record: [0usize, 8, 100, 4096, 200_000][(sel & 7) as usize % 5],
+        max_fragments: 1 + (sel >> 3) as usize,
+    };
+    RT.with(|rt| {
+        rt.borrow().block_on(async {
+            let mut r = stream;
+            let mut buf = Vec::new();
+            let mut records = 0usize;
+            loop {
+                match read_record(&mut r, &limits, &mut buf).await {
+                    Ok(true) => {
+                        assert!(buf.len() <= limits.max_record);
+                        records += 1;
+                        assert!(records <= stream.len() / 4 + 1);
+                    }
+                    Ok(false) | Err(_) => break,
+                }
+            }
+            // Memory follows the data: never more than what arrived (plus one chunk).
+            assert!(buf.capacity() <= stream.len() + 64 * 1024);
+        })
+    });
+});
