@@ -155,6 +155,31 @@ def test_udp_large_read_and_readdir_are_answered(srv, work):
         assert len(names) == 3000 + 1 + 2  # entries, big, "." and ".."
 
 
+def test_malformed_transport_input_is_survived(srv):
+    """Zero-length fragments are legal; an oversized record or junk only costs
+    that connection/datagram; a REPLY sent to the server is ignored."""
+    with RpcClient(srv.host, srv.port) as c:
+        xid, msg = c.build(NFS_PROG, 3, 0)
+        c.send_raw(struct.pack(">I", 0) + frame(msg))
+        assert c.wait_xid(xid).success
+        c.send_msg(struct.pack(">II", 5, rpc.MSG_REPLY) + b"\0" * 16)
+        xid, msg = c.build(NFS_PROG, 3, 0)
+        assert c.call_raw(msg, xid).success
+    with RpcClient(srv.host, srv.port) as c:
+        c.send_raw(struct.pack(">I", 0x80000000 | 0x7FFFFFFF) + b"x" * 1000)
+        c.sock.settimeout(10)
+        try:
+            assert c.sock.recv(16) == b"", "oversized record: connection closed without a reply"
+        except ConnectionResetError:
+            pass
+    with RpcClient(srv.host, srv.port, proto="udp") as c:
+        for junk in (b"", b"abc", os.urandom(100), struct.pack(">II", 1, rpc.MSG_CALL)):
+            c.send_raw(junk)
+        xid, msg = c.build(NFS_PROG, 3, 0)
+        assert c.call_raw(msg, xid).success
+    assert srv.alive()
+
+
 # ------------------------------------------------------------ DRC
 
 def _send_same(c: RpcClient, msg: bytes, xid: int) -> rpc.Reply:
