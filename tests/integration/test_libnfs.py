@@ -3,7 +3,6 @@
 import hashlib
 from collections import Counter
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path

@@ -2,7 +2,6 @@
 driven by the raw client in rig/rpc.py."""
 
 import os
-import socket
 import struct
 import sys
 from pathlib import Path
