@@ -72,6 +72,9 @@ pub struct Measurement {
 impl Measurement {
     /// The headline figure of a job (IOPS, MiB/s or ops/s).
     pub fn value(&self, metric: Metric) -> Option<f64> {
+        if self.error.is_some() {
+            return None;
+        }
         match metric {
             Metric::Iops => self.fio.as_ref().map(|r| r.iops()),
             Metric::MiBs => self.fio.as_ref().map(|r| r.mib_s()),
@@ -109,6 +112,9 @@ pub struct Results {
     pub started: String,
     pub seconds: f64,
     pub protocol: String,
+    /// The report directory when it ran (shown as `$OUT` in the report).
+    #[serde(default)]
+    pub out_dir: String,
     pub targets: Vec<TargetInfo>,
     pub facts: Vec<(String, String)>,
     pub notes: Vec<String>,
@@ -498,6 +504,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         started: now_string(),
         seconds: t_start.elapsed().as_secs_f64(),
         protocol: format!("NFSv{protocol}"),
+        out_dir: out.display().to_string(),
         targets: tgts.iter().map(|t| TargetInfo { name: t.name.clone(), version: t.version.clone(), how: t.how.clone() }).collect(),
         facts,
         notes,

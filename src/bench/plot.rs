@@ -115,7 +115,7 @@ fn ratio_bars(r: &Results, jobs: &[&JobResult], suite: &str, path: &Path) -> DRe
     let mut min = 1.0f64;
     for j in jobs {
         for o in &others {
-            if let Some(v) = ratio(j.value("nasd"), j.value(o)) {
+            if let Some(v) = ratio(j.value("nasd"), j.value(o)).filter(|v| *v > 0.0) {
                 max = max.max(v);
                 min = min.min(v);
             }
@@ -152,7 +152,7 @@ fn ratio_bars(r: &Results, jobs: &[&JobResult], suite: &str, path: &Path) -> DRe
             .iter()
             .enumerate()
             .filter_map(|(i, j)| {
-                let v = ratio(j.value("nasd"), j.value(o))?;
+                let v = ratio(j.value("nasd"), j.value(o)).filter(|v| *v > 0.0)?;
                 let y0 = (n - 1 - i) as f64 + 0.1 + k as f64 * bar_h;
                 Some(Rectangle::new([(lo, y0), (v, y0 + bar_h * 0.9)], c.filled()))
             })
@@ -240,7 +240,7 @@ fn sweep(r: &Results, jobs: &[&JobResult], group: &str, xlabel: &str, log_x: boo
     macro_rules! draw_left {
         ($chart:expr) => {{
             let mut chart = $chart;
-            chart.configure_mesh().x_desc(xlabel).y_desc(ylabel).label_style((FONT, 13)).axis_desc_style((FONT, 15)).x_label_formatter(&|x| format!("{}", *x as u64)).draw()?;
+            chart.configure_mesh().x_desc(xlabel).y_desc(ylabel).label_style((FONT, 13)).axis_desc_style((FONT, 15)).x_label_formatter(&|x| format!("{}", *x as u64)).y_label_formatter(&|y| format!("{y:.0}")).draw()?;
             for t in &targets {
                 let c = color_of(r, t);
                 let pts = series(t, &|j| j.value(t));
@@ -265,7 +265,7 @@ fn sweep(r: &Results, jobs: &[&JobResult], group: &str, xlabel: &str, log_x: boo
     macro_rules! draw_right {
         ($chart:expr) => {{
             let mut chart = $chart;
-            chart.configure_mesh().x_desc(xlabel).y_desc("completion latency (µs, log scale)").label_style((FONT, 13)).axis_desc_style((FONT, 15)).x_label_formatter(&|x| format!("{}", *x as u64)).draw()?;
+            chart.configure_mesh().x_desc(xlabel).y_desc("completion latency (µs, log scale)").label_style((FONT, 13)).axis_desc_style((FONT, 15)).x_label_formatter(&|x| format!("{}", *x as u64)).y_label_formatter(&|y| if *y >= 1.0 { format!("{y:.0}") } else { format!("{y:.2}") }).draw()?;
             for t in &targets {
                 let c = color_of(r, t);
                 chart.draw_series(LineSeries::new(lat(t, true), c.stroke_width(2)))?.label(format!("{t} p99")).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));

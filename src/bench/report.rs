@@ -108,7 +108,7 @@ fn latency_table(r: &Results, suite: &str) -> Option<Block> {
         }
         let mut row = vec![j.job.name.clone()];
         for n in &names {
-            row.push(match j.get(n).and_then(|m| m.fio.as_ref()) {
+            row.push(match j.get(n).filter(|m| m.error.is_none()).and_then(|m| m.fio.as_ref()) {
                 Some(f) => format!("{} / {} / {} / {}", fmt_num(f.lat_mean_us()), fmt_num(f.lat_p50_us()), fmt_num(f.lat_p99_us()), fmt_num(f.lat_p999_us())),
                 None => "-".into(),
             });
@@ -314,6 +314,15 @@ pub fn blocks(r: &Results, old: Option<&Results>, plots: &[(String, String)]) ->
     b
 }
 
+/// A column whose cells are all figures (or empty, "-", "error") is right-aligned.
+fn numeric_column(rows: &[Vec<String>], i: usize) -> bool {
+    i > 0
+        && rows.iter().all(|r| {
+            let c = r.get(i).map(String::as_str).unwrap_or("");
+            c.is_empty() || c == "-" || c == "error" || c.starts_with(|ch: char| ch.is_ascii_digit() || ch == '+' || ch == '-')
+        })
+}
+
 fn md_escape(s: &str) -> String {
     s.replace('|', "\\|")
 }
@@ -328,7 +337,7 @@ pub fn render_md(blocks: &[Block]) -> String {
             Block::Image { file, alt } => o.push_str(&format!("![{alt}]({file})\n\n")),
             Block::Table { header, rows } => {
                 o.push_str(&format!("| {} |\n", header.iter().map(|h| md_escape(h)).collect::<Vec<_>>().join(" | ")));
-                o.push_str(&format!("|{}\n", header.iter().enumerate().map(|(i, _)| if i == 0 { "---|" } else { "---:|" }).collect::<String>()));
+                o.push_str(&format!("|{}\n", (0..header.len()).map(|i| if numeric_column(rows, i) { "---:|" } else { "---|" }).collect::<String>()));
                 for r in rows {
                     o.push_str(&format!("| {} |\n", r.iter().map(|c| md_escape(c)).collect::<Vec<_>>().join(" | ")));
                 }
@@ -375,8 +384,9 @@ pub fn render_html(blocks: &[Block], title: &str) -> String {
                 o.push_str("</tr>\n");
                 for r in rows {
                     o.push_str("<tr>");
-                    for c in r {
-                        o.push_str(&format!("<td>{}</td>", h(c)));
+                    for (i, c) in r.iter().enumerate() {
+                        let style = if numeric_column(rows, i) { "" } else { " style=\"text-align:left\"" };
+                        o.push_str(&format!("<td{style}>{}</td>", h(c)));
                     }
                     o.push_str("</tr>\n");
                 }
@@ -388,12 +398,30 @@ pub fn render_html(blocks: &[Block], title: &str) -> String {
     o
 }
 
+/// Paths below the report directory are shown as `$OUT/...`, so a committed report names
+/// no machine paths.
+fn relative(blocks: Vec<Block>, out_dir: &str) -> Vec<Block> {
+    if out_dir.is_empty() {
+        return blocks;
+    }
+    let f = |s: &str| s.replace(out_dir, "$OUT");
+    blocks
+        .into_iter()
+        .map(|b| match b {
+            Block::Para(t) => Block::Para(f(&t)),
+            Block::Code(t) => Block::Code(f(&t)),
+            Block::Table { header, rows } => Block::Table { header, rows: rows.into_iter().map(|r| r.iter().map(|c| f(c)).collect()).collect() },
+            other => other,
+        })
+        .collect()
+}
+
 pub fn markdown(r: &Results, old: Option<&Results>, plots: &[(String, String)]) -> String {
-    render_md(&blocks(r, old, plots))
+    render_md(&relative(blocks(r, old, plots), &r.out_dir))
 }
 
 pub fn html(r: &Results, old: Option<&Results>, plots: &[(String, String)]) -> String {
-    render_html(&blocks(r, old, plots), &format!("nasd bench: {}", r.suite))
+    render_html(&relative(blocks(r, old, plots), &r.out_dir), &format!("nasd bench: {}", r.suite))
 }
 
 fn read(p: &str) -> String {
@@ -456,6 +484,7 @@ mod tests {
             started: "now".into(),
             seconds: 1.0,
             protocol: "NFSv3".into(),
+            out_dir: String::new(),
             targets: ["nasd", "ganesha", "local"].iter().map(|n| TargetInfo { name: n.to_string(), version: "v".into(), how: "h".into() }).collect(),
             facts: vec![("CPU".into(), "x".into())],
             notes: vec![],

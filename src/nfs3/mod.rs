@@ -49,6 +49,11 @@ impl RpcProgram for Nfs3 {
         matches!(procedure, SETATTR | WRITE | CREATE | MKDIR | SYMLINK | MKNOD | REMOVE | RMDIR | RENAME | LINK | COMMIT)
     }
 
+    fn is_quick(&self, _version: u32, procedure: u32) -> bool {
+        use xdr::proc::*;
+        matches!(procedure, NULL | GETATTR | LOOKUP | ACCESS | READLINK | READ | READDIR | READDIRPLUS | FSSTAT | FSINFO | PATHCONF)
+    }
+
     fn results_start_with_status(&self, procedure: u32) -> bool {
         procedure != xdr::proc::NULL
     }

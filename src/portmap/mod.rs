@@ -167,6 +167,10 @@ impl RpcProgram for Portmap {
         Ok(())
     }
 
+    fn is_quick(&self, _version: u32, _procedure: u32) -> bool {
+        true
+    }
+
     fn procedure_name(&self, _version: u32, procedure: u32) -> &'static str {
         const NAMES: [&str; 10] = ["NULL", "SET", "UNSET", "GETPORT", "DUMP", "CALLIT", "GETTIME", "UADDR2TADDR", "TADDR2UADDR", "GETVERSADDR"];
         NAMES.get(procedure as usize).copied().unwrap_or("unknown")

@@ -30,6 +30,13 @@ impl Dispatcher {
         &self.drc
     }
 
+    /// Whether the call in `record` is quick enough to run on the connection's task.
+    pub fn is_quick(&self, record: &[u8]) -> bool {
+        message::peek_procedure(record).is_some_and(|(prog, vers, proc_)| {
+            self.programs.iter().any(|p| p.program() == prog && p.is_quick(vers, proc_))
+        })
+    }
+
     /// Handles one call. Returns the framed reply (record mark first; datagram transports
     /// skip those 4 bytes), or `None` when nothing must be sent.
     pub fn handle(&self, record: &[u8], peer: SocketAddr, local: SocketAddr, transport: Transport) -> Option<Arc<Vec<u8>>> {

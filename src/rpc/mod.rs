@@ -66,6 +66,12 @@ pub trait RpcProgram: Send + Sync {
     fn is_non_idempotent(&self, _version: u32, _procedure: u32) -> bool {
         false
     }
+    /// Whether a procedure normally finishes in microseconds without waiting on the disk
+    /// (no fsync, no directory change), so it may run on the connection's own task when
+    /// nothing else is in flight there, saving a thread hand-off.
+    fn is_quick(&self, _version: u32, _procedure: u32) -> bool {
+        false
+    }
     /// Whether a successful reply's results begin with a status word (counted in metrics).
     fn results_start_with_status(&self, _procedure: u32) -> bool {
         false

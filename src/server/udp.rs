@@ -5,7 +5,8 @@ use crate::rpc::Transport;
 use std::sync::Arc;
 use tokio::net::UdpSocket;
 
-const MAX_DATAGRAM: usize = 65536;
+/// Largest UDP payload over IPv4.
+const MAX_DATAGRAM: usize = 65507;
 
 pub(crate) async fn serve(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
     let local = match socket.local_addr() {
@@ -14,7 +15,7 @@ pub(crate) async fn serve(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
     };
     loop {
         let slot = shared.global_requests.clone().acquire_owned().await.expect("never closed");
-        let mut buf = vec![0u8; MAX_DATAGRAM];
+        let mut buf = vec![0u8; 65536];
         let (n, peer) = match socket.recv_from(&mut buf).await {
             Ok(r) => r,
             Err(e) => {
@@ -28,10 +29,12 @@ pub(crate) async fn serve(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
         tokio::task::spawn_blocking(move || {
             if let Some(reply) = shared.dispatcher.handle(&buf, peer, local, Transport::Udp) {
                 // Datagrams carry no record mark.
-                if reply.len() - 4 <= MAX_DATAGRAM {
-                    // UDP is best effort: a full socket buffer drops the reply, and the
-                    // client retransmits.
-                    let _ = socket.try_send_to(&reply[4..], peer);
+                let body = &reply[4..];
+                if body.len() > MAX_DATAGRAM {
+                    tracing::warn!(client = %peer, bytes = body.len(), "reply too large for a datagram; dropped");
+                } else if let Err(e) = socket.try_send_to(body, peer) {
+                    // UDP is best effort: the client retransmits.
+                    tracing::debug!(client = %peer, error = %e, "udp reply not sent");
                 }
             }
             drop(slot);
