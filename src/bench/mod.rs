@@ -500,7 +500,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     facts.push(("local fio engine".into(), format!("{local_engine}, direct=1")));
     let results = Results {
         suite: args.suite.clone(),
-        command: std::env::args().map(|a| a.to_string()).collect::<Vec<_>>().join(" "),
+        command: std::iter::once("nasd".to_string()).chain(std::env::args().skip(1)).collect::<Vec<_>>().join(" "),
         started: now_string(),
         seconds: t_start.elapsed().as_secs_f64(),
         protocol: format!("NFSv{protocol}"),

@@ -1,0 +1,105 @@
+"""Smoke test of ``nasd bench``: a tiny suite end to end, then the report is checked.
+
+    pytest tests/bench/test_bench_smoke.py
+
+Runs ``target/release/nasd bench --suite smoke --target nasd [--target ganesha]``
+(Ganesha when ``ganesha.nfsd`` is installed; the local-disk ceiling always) and
+checks that report.md parses, that its suite table has a column per target and
+the nasd ÷ peer / nasd ÷ local ratio columns, that report.html, results.json and
+raw fio JSON exist, and that the plots are valid PNG files.
+"""
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `import rig`
+
+from rig.fio import fio_binary  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+NASD = Path(os.environ.get("NASD_BINARY", REPO / "target" / "release" / "nasd"))
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def md_tables(text):
+    """Markdown tables as lists of rows (lists of cells), header first."""
+    tables, cur = [], []
+    for line in text.splitlines():
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+            if all(set(c) <= set("-:|") for c in cells):
+                continue  # the alignment row
+            cur.append(cells)
+        elif cur:
+            tables.append(cur)
+            cur = []
+    if cur:
+        tables.append(cur)
+    return tables
+
+
+def png_size(path):
+    data = Path(path).read_bytes()
+    assert data[:8] == PNG_MAGIC, f"{path} is not a PNG"
+    assert data[12:16] == b"IHDR"
+    w, h = struct.unpack(">II", data[16:24])
+    assert data.rstrip(b"\0")[-8:-4] == b"IEND" or b"IEND" in data[-16:], f"{path}: no IEND"
+    return w, h
+
+
+@pytest.mark.skipif(not NASD.exists(), reason="build nasd first: cargo build --release")
+def test_bench_smoke(tmp_path):
+    out = tmp_path / "report"
+    targets = ["nasd"] + (["ganesha"] if shutil.which("ganesha.nfsd") else [])
+    cmd = [str(NASD), "bench", "--suite", "smoke", "--out", str(out), "--fio", fio_binary()]
+    for t in targets:
+        cmd += ["--target", t]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    print(p.stderr[-4000:])
+    assert p.returncode == 0, p.stderr[-4000:]
+    assert "ETA" in p.stderr  # progress
+
+    md = (out / "report.md").read_text()
+    columns = targets + ["local"] + [f"nasd÷{t}" for t in targets if t != "nasd"] + ["nasd÷local"]
+    tables = md_tables(md)
+    suite = [t for t in tables if t[0][:2] == ["job", "unit"]]
+    assert suite, md[:3000]
+    header, rows = suite[0][0], suite[0][1:]
+    assert header == ["job", "unit"] + columns, header
+    assert len(rows) >= 5
+    assert all(len(r) == len(header) for r in rows)
+    names = [r[0] for r in rows]
+    assert "4k randread qd1" in names and "1m write qd16" in names
+    # nasd and the local ceiling gave figures for the 4k jobs
+    for r in rows[:4]:
+        for i, c in enumerate(r[2:2 + len(targets) + 1]):
+            assert c not in ("-", "error"), (header[2 + i], r)
+            float(c)
+    # machine facts, exact command lines, no machine paths in the command lines
+    for fact in ("CPU", "cores", "memory", "kernel", "file system of the data", "fio"):
+        assert f"| {fact} |" in md, fact
+    assert "--ioengine=nfs" in md and "--nfs_url=nfs://127.0.0.1" in md
+    assert str(out) not in md
+
+    html = (out / "report.html").read_text()
+    assert "<table>" in html and "nasd÷local" in html
+
+    results = json.loads((out / "results.json").read_text())
+    assert [t["name"] for t in results["targets"]] == targets + ["local"]
+    assert list((out / "raw").glob("*.json"))
+
+    pngs = sorted(out.glob("*.png"))
+    assert any(p.name == "smoke-ratio.png" for p in pngs), pngs
+    assert any(p.name.startswith("smoke-sweep-") for p in pngs), pngs
+    for png in pngs:
+        w, h = png_size(png)
+        assert w >= 400 and h >= 200, (png, w, h)
+        assert f"({png.name})" in md, f"{png.name} not linked from report.md"
+    assert not (out / "work").exists()  # servers' data removed
