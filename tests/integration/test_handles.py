@@ -224,3 +224,25 @@ def test_subdirectory_export_dotdot_stays_inside(tmp_path):
         assert up.ok and up.attr.fileid == sub_id
         up2 = cl.lookup(up.fh, "..")
         assert up2.ok and up2.attr.fileid == sub_id
+
+
+def test_bind_mount_inside_export_is_not_crossed(srv, c, tmp_path):
+    """A directory bind-mounted into the export from outside stays out of reach: LOOKUP
+    of the mount point is refused, and so is MOUNT of a path through it."""
+    if os.geteuid() != 0:
+        pytest.skip("bind mounts need root")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("secret\n")
+    point = Path(srv.export_dir) / "bind_point"
+    point.mkdir()
+    import subprocess
+    subprocess.run(["mount", "--bind", str(outside), str(point)], check=True)
+    try:
+        r = c.lookup(c.export_root, "bind_point")
+        assert not r.ok and r.status == rpc.NFS3ERR_ACCES
+        assert c.mnt(str(point)).status != 0
+    finally:
+        subprocess.run(["umount", str(point)], check=True)
+    # Unmounted, the plain directory is served again.
+    assert c.lookup(c.export_root, "bind_point").ok

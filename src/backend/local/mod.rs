@@ -32,6 +32,9 @@ pub struct LocalFs {
     root_fd: OwnedFd,
     root_id: ObjectId,
     root_dev: u64,
+    /// Mount the export root is on; objects reached through any other mount (a bind
+    /// mount or another filesystem inside the export) are not served.
+    root_mount: i32,
     root_ino: u64,
     fsid: u64,
     sync: bool,
@@ -86,7 +89,7 @@ impl LocalFs {
         let root_fd = sys::openat(libc::AT_FDCWD, &c, libc::O_RDONLY | libc::O_DIRECTORY, 0)
             .map_err(|e| anyhow::anyhow!("cannot open export directory {}: {e}", cfg.path.display()))?;
         let st = sys::fstat(root_fd.as_raw_fd()).map_err(|e| anyhow::anyhow!("stat {}: {e}", cfg.path.display()))?;
-        let root_id = sys::name_to_handle(root_fd.as_raw_fd(), &CString::default(), libc::AT_EMPTY_PATH).map_err(|e| {
+        let (root_id, root_mount) = sys::name_to_handle(root_fd.as_raw_fd(), &CString::default(), libc::AT_EMPTY_PATH).map_err(|e| {
             anyhow::anyhow!("{}: the filesystem does not provide persistent file handles ({e})", cfg.path.display())
         })?;
         creds::become_root();
@@ -102,6 +105,7 @@ impl LocalFs {
             root_fd,
             root_id,
             root_dev: st.st_dev,
+            root_mount,
             root_ino: st.st_ino,
             fsid: cfg.fsid,
             sync: cfg.sync,
@@ -194,11 +198,12 @@ impl LocalFs {
     fn open_entry(&self, dir: &CachedObject, name: &CString) -> VfsResult<(ObjectId, Attr, OwnedFd)> {
         let fd = sys::openat(dir.path_fd.as_raw_fd(), name, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
         let st = sys::fstat(fd.as_raw_fd())?;
-        if st.st_dev != self.root_dev {
-            // A mount point inside the export: not crossed.
+        let (id, mount) = sys::name_to_handle(fd.as_raw_fd(), &CString::default(), libc::AT_EMPTY_PATH)?;
+        if st.st_dev != self.root_dev || mount != self.root_mount {
+            // A mount point inside the export (another filesystem or a bind mount): not
+            // crossed, so nothing outside the export is reachable through it.
             return Err(VfsError::Access);
         }
-        let id = sys::name_to_handle(fd.as_raw_fd(), &CString::default(), libc::AT_EMPTY_PATH)?;
         Ok((id, sys::attr_from_stat(&st, self.fsid), fd))
     }
 
@@ -273,7 +278,7 @@ impl LocalFs {
     }
 
     fn evict_name(&self, dir: &CachedObject, name: &CString) {
-        if let Ok(id) = sys::name_to_handle(dir.path_fd.as_raw_fd(), name, 0) {
+        if let Ok((id, _)) = sys::name_to_handle(dir.path_fd.as_raw_fd(), name, 0) {
             self.cache.remove(&id);
         }
     }
@@ -656,10 +661,10 @@ impl LocalFs {
     fn entry_plus(&self, dir_fd: &OwnedFd, name: &[u8]) -> Option<(ObjectId, Attr)> {
         let c = CString::new(name).ok()?;
         let st = sys::fstatat(dir_fd.as_raw_fd(), &c).ok()?;
-        if st.st_dev != self.root_dev {
+        let (id, mount) = sys::name_to_handle(dir_fd.as_raw_fd(), &c, 0).ok()?;
+        if st.st_dev != self.root_dev || mount != self.root_mount {
             return None;
         }
-        let id = sys::name_to_handle(dir_fd.as_raw_fd(), &c, 0).ok()?;
         Some((id, sys::attr_from_stat(&st, self.fsid)))
     }
 }

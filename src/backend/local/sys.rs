@@ -46,8 +46,9 @@ struct FileHandle {
 }
 
 /// The kernel's persistent handle of `name` relative to `dirfd` (`""` = `dirfd` itself),
-/// packed as an [`ObjectId`]: handle type (little endian) then handle bytes.
-pub fn name_to_handle(dirfd: RawFd, name: &CString, flags: libc::c_int) -> VfsResult<ObjectId> {
+/// packed as an [`ObjectId`]: handle type (little endian) then handle bytes; and the id of
+/// the mount it was reached through.
+pub fn name_to_handle(dirfd: RawFd, name: &CString, flags: libc::c_int) -> VfsResult<(ObjectId, i32)> {
     let mut fh = FileHandle { handle_bytes: 128, handle_type: 0, f_handle: [0; 128] };
     let mut mount_id: libc::c_int = 0;
     // SAFETY: fh is large enough for MAX_HANDLE_SZ (128) bytes as announced.
@@ -67,7 +68,7 @@ pub fn name_to_handle(dirfd: RawFd, name: &CString, flags: libc::c_int) -> VfsRe
     let mut raw = [0u8; MAX_OBJECT_ID];
     raw[..4].copy_from_slice(&fh.handle_type.to_le_bytes());
     raw[4..4 + n].copy_from_slice(&fh.f_handle[..n]);
-    Ok(ObjectId::new(&raw[..4 + n]).expect("bounded"))
+    Ok((ObjectId::new(&raw[..4 + n]).expect("bounded"), mount_id))
 }
 
 /// Opens an object by its kernel handle. Needs CAP_DAC_READ_SEARCH.
