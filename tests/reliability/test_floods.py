@@ -1,0 +1,271 @@
+"""Hostile clients: floods and malformed streams. In each case a well-behaved client
+(NULL + GETATTR over its own connection) keeps being answered with normal latency,
+nasd stays alive and its peak RSS (VmHWM) stays bounded. Figures are printed (-s) and
+recorded in docs/reliability.md.
+
+    python3 -m pytest -s tests/reliability/test_floods.py
+
+Latency is compared with a baseline taken on the same machine at the start, with a
+generous factor: p99 < 20 x baseline p99 + 50 ms.
+"""
+import os
+import random
+import resource
+import socket
+import struct
+import threading
+import time
+
+import pytest
+
+from rig.nasd import Nasd
+from rig.rpc import Nfs3Client, auth_sys, build_call, frame, nfs3_args, NFS3_OK, NFS_PROG, NFS_V3
+
+RSS_LIMIT_KIB = 512 * 1024
+LAT_FACTOR, LAT_SLACK = 20.0, 0.050
+PROBE_CALLS = 300
+
+
+def vm_hwm_kib(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
+
+
+def probe(srv, root, calls=PROBE_CALLS, deadline=60.0):
+    """NULL + GETATTR pairs on a fresh connection -> sorted per-call latencies (s)."""
+    lat = []
+    end = time.monotonic() + deadline
+    with Nfs3Client("127.0.0.1", srv.port, cred=auth_sys(0, 0), timeout=30) as c:
+        for i in range(calls):
+            t = time.monotonic()
+            if i % 2:
+                assert c.getattr(root).status == NFS3_OK
+            else:
+                c.call(NFS_PROG, NFS_V3, 0)
+            lat.append(time.monotonic() - t)
+            assert time.monotonic() < end, "probe took too long"
+    return sorted(lat)
+
+
+def p99(lat):
+    return lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    export = tmp_path_factory.mktemp("floods")
+    (export / "big").write_bytes(os.urandom(1 << 20))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = min(hard, 8192) if hard != resource.RLIM_INFINITY else 8192
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, want), hard))
+    with Nasd(export, args=["--no-root-squash"]) as srv:
+        with Nfs3Client("127.0.0.1", srv.port, cred=auth_sys(0, 0)) as c:
+            root = c.root(str(export))
+            big = c.lookup(root, "big").fh
+        base = probe(srv, root)
+        srv.ctx = {"root": root, "big": big, "export": str(export), "base_p99": p99(base),
+                   "figures": []}
+        print(f"\nbaseline: p50={base[len(base) // 2] * 1e3:.2f} ms p99={p99(base) * 1e3:.2f} ms")
+        yield srv
+        print("\nflood figures:")
+        for f in srv.ctx["figures"]:
+            print("  " + f)
+
+
+def check_served(srv, name, extra=""):
+    lat = probe(srv, srv.ctx["root"])
+    assert srv.alive(), f"{name}: nasd died"
+    hwm = vm_hwm_kib(srv.pid)
+    base = srv.ctx["base_p99"]
+    fig = (f"{name}: probe p50={lat[len(lat) // 2] * 1e3:.2f} ms p99={p99(lat) * 1e3:.2f} ms "
+           f"(baseline p99 {base * 1e3:.2f} ms), nasd VmHWM={hwm // 1024} MiB {extra}")
+    srv.ctx["figures"].append(fig)
+    print("\n" + fig)
+    assert p99(lat) < LAT_FACTOR * base + LAT_SLACK, fig
+    assert hwm < RSS_LIMIT_KIB, fig
+
+
+def null_call(xid=1):
+    return frame(build_call(xid, NFS_PROG, NFS_V3, 0))
+
+
+def test_thousand_concurrent_connections(server):
+    """1,000 connections: each makes one NULL call, then all stay open and idle."""
+    socks = []
+    try:
+        for i in range(1000):
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+            socks.append(s)
+        for i, s in enumerate(socks):
+            s.sendall(null_call(i + 1))
+        answered = 0
+        for s in socks:
+            got = s.recv(4096)
+            answered += bool(got)
+        assert answered == 1000
+        check_served(server, "1000 idle connections", f"(answered {answered}/1000)")
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_slowloris(server):
+    """Clients sending a call one byte a second; others are not held up."""
+    stop = threading.Event()
+    msg = null_call(7)
+
+    def slow():
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+            for b in msg:
+                if stop.wait(1.0):
+                    return
+                try:
+                    s.sendall(bytes([b]))
+                except OSError:
+                    return
+
+    ts = [threading.Thread(target=slow, daemon=True) for _ in range(20)]
+    for t in ts:
+        t.start()
+    try:
+        time.sleep(3)
+        check_served(server, "20 slowloris clients (1 byte/s)")
+    finally:
+        stop.set()
+        for t in ts:
+            t.join(5)
+
+
+def test_client_never_reads_replies(server):
+    """Pipelined 1 MiB READs, never reading a reply: the connection's request slots and
+    the write timeout bound what nasd holds for it."""
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sent = 0
+    stop = threading.Event()
+    args = nfs3_args.read(server.ctx["big"], 0, 1 << 20)
+
+    def flood():
+        nonlocal sent
+        s.settimeout(2)
+        for i in range(5000):
+            if stop.is_set():
+                return
+            try:
+                s.sendall(frame(build_call(1000 + i, NFS_PROG, NFS_V3, 6, args, cred=auth_sys(0, 0))))
+                sent += 1
+            except OSError:
+                return   # send buffer full (nasd stopped reading) or closed
+
+    t = threading.Thread(target=flood, daemon=True)
+    t.start()
+    try:
+        time.sleep(3)
+        check_served(server, "client never reading replies", f"(calls sent {sent})")
+    finally:
+        stop.set()
+        t.join(10)
+        s.close()
+
+
+def test_garbage_burst(server):
+    """100,000 garbage records (random bodies, valid record marks) in a burst over 4
+    connections whose replies, if any, are drained. The records are made beforehand so
+    the senders do not compete with the probe for the Python interpreter."""
+    per = 25000
+    streams = []
+    for k in range(4):
+        r = random.Random(k)
+        recs = []
+        for i in range(per):
+            n = r.choice([0, 4, 8, 24, 40, 100, 300])
+            body = struct.pack(">II", i, r.choice([0, 0, 1, 7])) + r.randbytes(n)
+            recs.append(struct.pack(">I", 0x80000000 | len(body)) + body)
+        streams.append(b"".join(recs))
+    sent = [0] * 4
+
+    def burst(k):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+            drain_stop = threading.Event()
+
+            def drain():
+                s.settimeout(0.5)
+                while not drain_stop.is_set():
+                    try:
+                        if not s.recv(1 << 16):
+                            return
+                    except socket.timeout:
+                        continue
+                    except OSError:
+                        return
+
+            d = threading.Thread(target=drain, daemon=True)
+            d.start()
+            s.sendall(streams[k])
+            sent[k] = per
+            time.sleep(1)
+            drain_stop.set()
+            d.join(5)
+
+    ts = [threading.Thread(target=burst, args=(k,), daemon=True) for k in range(4)]
+    t0 = time.monotonic()
+    for t in ts:
+        t.start()
+    try:
+        check_served(server, "100,000 garbage records")
+    finally:
+        for t in ts:
+            t.join(120)
+    secs = time.monotonic() - t0
+    server.ctx["figures"].append(f"garbage burst: {sum(sent)} records "
+                                 f"({sum(map(len, streams)) >> 20} MiB) sent in {secs:.1f} s")
+    assert sum(sent) == 4 * per
+
+
+def closed_or_answered(port, data, timeout=10.0, keep_open=False):
+    """Sends `data`; -> 'closed' | 'answered' | 'open' (nothing within timeout)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        if not keep_open:
+            s.shutdown(socket.SHUT_WR)
+        try:
+            got = s.recv(65536)
+        except socket.timeout:
+            return "open"
+        except ConnectionResetError:
+            return "closed"
+        return "answered" if got else "closed"
+
+
+def test_malformed_streams(server):
+    port = server.port
+    call = build_call(9, NFS_PROG, NFS_V3, 0)
+    cases = {
+        # record mark announcing 2 GiB: refused before any allocation
+        "oversized record mark": (struct.pack(">I", 0xFFFFFFFF) + b"x" * 100, {"closed"}),
+        "2 MiB record": (struct.pack(">I", 0x80000000 | (2 << 20)) + b"\0" * 4096, {"closed"}),
+        # 2,000 empty non-last fragments: more than the fragment limit
+        "looping fragments": (struct.pack(">I", 0) * 2000, {"closed"}),
+        # credential announcing 4 GiB of body
+        "huge credential length": (frame(call[:28] + struct.pack(">I", 0xFFFFFFF0) + b"\0" * 64), {"answered", "closed"}),
+        # opaque file handle announcing 4 GiB
+        "huge opaque in GETATTR": (frame(build_call(10, NFS_PROG, NFS_V3, 1, struct.pack(">I", 0xFFFFFFFF))), {"answered"}),
+        "huge WRITE length": (frame(build_call(11, NFS_PROG, NFS_V3, 7, nfs3_args.fh(server.ctx["big"]) + struct.pack(">QIII", 0, 0xFFFFFFFF, 2, 0xFFFFFFFF))), {"answered"}),
+        "truncated record then EOF": (struct.pack(">I", 0x80000000 | 1000) + b"\0" * 10, {"closed"}),
+        "truncated mark then EOF": (b"\x80\0", {"closed"}),
+        "23 groups in AUTH_SYS": (frame(build_call(12, NFS_PROG, NFS_V3, 0, cred=auth_sys(0, 0, gids=list(range(23))))), {"answered"}),
+    }
+    results = {}
+    for name, (data, ok) in cases.items():
+        results[name] = closed_or_answered(port, data)
+        assert results[name] in ok, (name, results[name])
+        assert server.alive(), f"nasd died on {name}"
+    # A truncated record on a connection left open must not hold anyone else up.
+    held = socket.create_connection(("127.0.0.1", port))
+    held.sendall(struct.pack(">I", 0x80000000 | 1000) + b"\0" * 10)
+    try:
+        check_served(server, "malformed streams", str(results))
+    finally:
+        held.close()
