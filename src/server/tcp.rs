@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::BufReader;
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
@@ -148,6 +148,19 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
         // Take both slots before reading, so a connection cannot read more requests than
         // it may run: this is the back-pressure that bounds memory.
         let conn_slot = conn_slots.clone().acquire_owned().await.expect("never closed");
+        // But take the global slot only once the next record has begun to arrive: an idle
+        // connection must not hold a slot every other client needs (otherwise
+        // max_requests_in_flight idle connections stop the server for everyone).
+        let waited = tokio::select! {
+            r = tokio::time::timeout(idle, rd.fill_buf()) => r.map(|r| r.map(|b| b.is_empty())),
+            _ = &mut writer => break Ok(()),
+        };
+        match waited {
+            Err(_) => break Err(anyhow::anyhow!("idle for {idle:?}")),
+            Ok(Err(e)) => break Err(e.into()),
+            Ok(Ok(true)) => break Ok(()),
+            Ok(Ok(false)) => {}
+        }
         let global_slot = shared.global_requests.clone().acquire_owned().await.expect("never closed");
         let mut record = Vec::new();
         let read = tokio::select! {
