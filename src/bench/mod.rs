@@ -227,7 +227,7 @@ impl Runner {
             return Ok(());
         }
         let args = fio::layout_command(file, size, &t.engine);
-        fio::run(&self.fio, &args, 1800).with_context(|| format!("laying out {file} on {}", t.name))?;
+        fio::run(&self.fio, &args, 600).with_context(|| format!("laying out {file} on {}", t.name))?;
         self.laid_out.insert(key, size);
         Ok(())
     }
@@ -270,6 +270,10 @@ impl Runner {
         }
         if let Err(e) = t.check_alive() {
             m.error.get_or_insert(format!("{e:#}"));
+            eprintln!("bench:   {e:#}: restarting it over the same data");
+            if let Err(e) = t.restart() {
+                eprintln!("bench:   restart failed: {e:#}");
+            }
         }
         m.seconds = t0.elapsed().as_secs_f64();
         m
@@ -282,7 +286,7 @@ impl Runner {
                 self.ensure_file(t, &s.file, s.size)?;
                 let args = fio::command_line(s, &slug(&job.name), &t.engine);
                 m.commands.push(format!("fio {}", fio::shell_join(&args)));
-                let run = fio::run(&self.fio, &args, s.runtime + s.ramp + 600)?;
+                let run = fio::run(&self.fio, &args, fio_timeout(s))?;
                 self.save_raw(&tag(""), &run.raw);
                 m.fio = Some(run.result);
             }
@@ -320,7 +324,7 @@ impl Runner {
                 let mut parts = Vec::new();
                 let mut first_err = None;
                 for (c, (child, (s, args))) in children.into_iter().zip(&argvs).enumerate() {
-                    match fio::wait(child, args, s.runtime + s.ramp + 600) {
+                    match fio::wait(child, args, fio_timeout(s)) {
                         Ok(run) => {
                             self.save_raw(&tag(&format!("-c{c}")), &run.raw);
                             parts.push(run.result);
@@ -367,6 +371,16 @@ impl Runner {
             }
         }
         Ok(())
+    }
+}
+
+/// A time-based job that runs much longer than asked is stuck (a client waiting for a
+/// reply that never comes): give up on it.
+fn fio_timeout(s: &fio::FioShape) -> u64 {
+    if s.runtime > 0 {
+        2 * (s.runtime + s.ramp) + 60
+    } else {
+        1800
     }
 }
 

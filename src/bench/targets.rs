@@ -47,6 +47,8 @@ pub struct Target {
     proc: Option<Child>,
     rpcbind: Option<Child>,
     workdir: Option<PathBuf>,
+    /// (protocol, local engine) it was started with, for restart().
+    started_with: (u32, String),
 }
 
 pub fn free_port() -> Result<u16> {
@@ -225,6 +227,7 @@ impl Target {
                     proc: Some(proc),
                     rpcbind: None,
                     workdir: Some(work),
+                    started_with: (protocol, local_engine.into()),
                 })
             }
             TargetSpec::Ganesha => {
@@ -299,6 +302,7 @@ impl Target {
                     proc: Some(proc),
                     rpcbind,
                     workdir: Some(work),
+                    started_with: (protocol, local_engine.into()),
                 })
             }
             TargetSpec::Url(u) => {
@@ -320,6 +324,7 @@ impl Target {
                     proc: None,
                     rpcbind: None,
                     workdir: None,
+                    started_with: (protocol, local_engine.into()),
                 })
             }
             TargetSpec::Local => Ok(Target {
@@ -334,6 +339,7 @@ impl Target {
                 proc: None,
                 rpcbind: None,
                 workdir: Some(work),
+                started_with: (protocol, local_engine.into()),
             }),
         }
     }
@@ -358,6 +364,19 @@ impl Target {
                 bail!("{} exited ({st})", self.name);
             }
         }
+        Ok(())
+    }
+
+    /// Start a managed server again over the same data (after it died).
+    pub fn restart(&mut self) -> Result<()> {
+        let Some(work) = self.workdir.clone() else { return Ok(()) };
+        if self.proc.is_none() {
+            return Ok(());
+        }
+        self.stop();
+        let (protocol, engine) = self.started_with.clone();
+        let fresh = Target::start(&self.spec, &work, protocol, &engine)?;
+        *self = fresh;
         Ok(())
     }
 
