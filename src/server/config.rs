@@ -36,7 +36,8 @@ pub struct Limits {
     pub open_objects: usize,
     /// Close a connection that sends nothing for this long.
     pub idle_timeout_secs: u64,
-    /// Close a connection whose replies cannot be sent for this long.
+    /// Close a connection whose replies cannot be sent for this long, or whose request,
+    /// once started, takes longer than this to arrive.
     pub write_timeout_secs: u64,
 }
 

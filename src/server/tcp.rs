@@ -144,6 +144,9 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
     let per_conn = shared.limits.max_requests_per_connection.max(1);
     let conn_slots = Arc::new(Semaphore::new(per_conn));
     let idle = Duration::from_secs(shared.limits.idle_timeout_secs);
+    // Once a request starts arriving it holds a global slot, so it must finish arriving
+    // promptly (a slowloris client must not keep slots for the idle timeout).
+    let request_deadline = Duration::from_secs(shared.limits.write_timeout_secs).min(idle);
     let result = loop {
         // Take both slots before reading, so a connection cannot read more requests than
         // it may run: this is the back-pressure that bounds memory.
@@ -164,11 +167,11 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
         let global_slot = shared.global_requests.clone().acquire_owned().await.expect("never closed");
         let mut record = Vec::new();
         let read = tokio::select! {
-            r = tokio::time::timeout(idle, read_record(&mut rd, &shared.record_limits, &mut record)) => r,
+            r = tokio::time::timeout(request_deadline, read_record(&mut rd, &shared.record_limits, &mut record)) => r,
             _ = &mut writer => break Ok(()),
         };
         match read {
-            Err(_) => break Err(anyhow::anyhow!("idle for {idle:?}")),
+            Err(_) => break Err(anyhow::anyhow!("a request took longer than {request_deadline:?} to arrive")),
             Ok(Err(e)) => break Err(e.into()),
             Ok(Ok(false)) => break Ok(()),
             Ok(Ok(true)) => {}
