@@ -12,6 +12,10 @@ cargo build --release --locked
 echo "== unit tests"
 cargo test --release --locked 2>&1 | tee target/cargo-test.log
 
+echo "== fuzz (every decoder target briefly; docs/reliability.md has the long runs)"
+command -v cargo-fuzz >/dev/null || cargo install --locked --quiet cargo-fuzz
+FUZZ_SECONDS="${FUZZ_SECONDS:-10}" bash fuzz/run-short.sh
+
 echo "== test rig (fio with libnfs, nfsh, kernel-client guest image)"
 (cd tests && python3 -m rig.fio >/dev/null && python3 -m rig.nfsh >/dev/null)
 (cd tests && python3 -c 'from rig import vm; print("guest image:", vm.ensure_image().rootfs)')
