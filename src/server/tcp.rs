@@ -181,23 +181,23 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
         // saves two thread hand-offs on the latency path. Anything that may wait on the
         // disk, and everything under pipelined load, goes to the worker threads.
         let alone = conn_slots.available_permits() + 1 == per_conn && rd.buffer().is_empty() && !bytes_waiting(rd.get_ref());
-        if alone && shared.dispatcher.is_quick(&record) {
-            if let Some(reply) = shared.dispatcher.handle(&record, peer, local, Transport::Tcp) {
-                sink.send(Outgoing { reply, sent: 0, _slots: (conn_slot, global_slot) });
+        let quick = alone && shared.dispatcher.is_quick(&record);
+        let run = {
+            let (shared, sink) = (shared.clone(), sink.clone());
+            move || {
+                let reply = shared.dispatcher.handle(&record, peer, local, Transport::Tcp);
+                drop(record);
+                if let Some(reply) = reply {
+                    sink.send(Outgoing { reply, sent: 0, _slots: (conn_slot, global_slot) });
+                }
+                shared.metrics.request_finished();
             }
-            shared.metrics.request_finished();
-            continue;
+        };
+        if quick {
+            run();
+        } else {
+            tokio::task::spawn_blocking(run);
         }
-        let shared = shared.clone();
-        let sink = sink.clone();
-        tokio::task::spawn_blocking(move || {
-            let reply = shared.dispatcher.handle(&record, peer, local, Transport::Tcp);
-            drop(record);
-            if let Some(reply) = reply {
-                sink.send(Outgoing { reply, sent: 0, _slots: (conn_slot, global_slot) });
-            }
-            shared.metrics.request_finished();
-        });
     };
     // Let the calls still running finish and their replies go out (bounded by the write
     // timeout), then close.

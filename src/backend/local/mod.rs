@@ -277,6 +277,15 @@ impl LocalFs {
         Ok(Created { obj: id, attr, dir_wcc: self.dir_wcc(dir, dir_before) })
     }
 
+    /// The directory and the validated name a create-like operation makes an entry with.
+    fn new_entry(&self, cred: &Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<(Arc<CachedObject>, Attr, CString)> {
+        let (dobj, dattr) = self.resolve_dir(cred, dir)?;
+        if is_dot_or_dotdot(name) {
+            return Err(VfsError::Exist);
+        }
+        Ok((dobj, dattr, sys::component(name)?))
+    }
+
     fn evict_name(&self, dir: &CachedObject, name: &CString) {
         if let Ok((id, _)) = sys::name_to_handle(dir.path_fd.as_raw_fd(), name, 0) {
             self.cache.remove(&id);
@@ -399,11 +408,7 @@ impl Vfs for LocalFs {
     }
 
     fn create(&self, cred: &Cred, dir: &ObjectId, name: &[u8], how: &CreateHow) -> VfsResult<Created> {
-        let (dobj, dattr) = self.resolve_dir(cred, dir)?;
-        if is_dot_or_dotdot(name) {
-            return Err(VfsError::Exist);
-        }
-        let c = sys::component(name)?;
+        let (dobj, dattr, c) = self.new_entry(cred, dir, name)?;
         let dfd = dobj.path_fd.as_raw_fd();
         let excl = libc::O_CREAT | libc::O_EXCL | libc::O_RDWR;
         match how {
@@ -460,11 +465,7 @@ impl Vfs for LocalFs {
     }
 
     fn mkdir(&self, cred: &Cred, dir: &ObjectId, name: &[u8], attrs: &SetAttrs) -> VfsResult<Created> {
-        let (dobj, dattr) = self.resolve_dir(cred, dir)?;
-        if is_dot_or_dotdot(name) {
-            return Err(VfsError::Exist);
-        }
-        let c = sys::component(name)?;
+        let (dobj, dattr, c) = self.new_entry(cred, dir, name)?;
         let mode = attrs.mode.unwrap_or(0o755) & 0o7777;
         // SAFETY: valid C string and fd.
         if unsafe { libc::mkdirat(dobj.path_fd.as_raw_fd(), c.as_ptr(), mode) } < 0 {
@@ -474,11 +475,7 @@ impl Vfs for LocalFs {
     }
 
     fn symlink(&self, cred: &Cred, dir: &ObjectId, name: &[u8], target: &[u8], attrs: &SetAttrs) -> VfsResult<Created> {
-        let (dobj, dattr) = self.resolve_dir(cred, dir)?;
-        if is_dot_or_dotdot(name) {
-            return Err(VfsError::Exist);
-        }
-        let c = sys::component(name)?;
+        let (dobj, dattr, c) = self.new_entry(cred, dir, name)?;
         if target.is_empty() || target.len() >= libc::PATH_MAX as usize {
             return Err(if target.is_empty() { VfsError::Inval } else { VfsError::NameTooLong });
         }
@@ -492,11 +489,7 @@ impl Vfs for LocalFs {
     }
 
     fn mknod(&self, cred: &Cred, dir: &ObjectId, name: &[u8], node: SpecialNode, attrs: &SetAttrs) -> VfsResult<Created> {
-        let (dobj, dattr) = self.resolve_dir(cred, dir)?;
-        if is_dot_or_dotdot(name) {
-            return Err(VfsError::Exist);
-        }
-        let c = sys::component(name)?;
+        let (dobj, dattr, c) = self.new_entry(cred, dir, name)?;
         let perm = attrs.mode.unwrap_or(0o644) & 0o7777;
         let (kind, dev) = match node {
             SpecialNode::Fifo => (libc::S_IFIFO, 0),
