@@ -113,13 +113,20 @@ def tree_manifest(root: Path) -> dict[str, tuple]:
 def guest_program(prologue: str, sections: list[tuple[str, int]], epilogue: str = "") -> str:
     """cmd.sh: ``prologue`` (set -e semantics are the caller's), then each
     section /share/sec/NAME.sh under ``timeout -k 10 T sh -eux``; a section's
-    failure is recorded as ``result NAME: RC`` and the next one runs."""
-    lines = ["#!/bin/sh", "set -u", prologue.strip(), ""]
+    failure is recorded as ``result NAME: RC`` and the next one runs, unless
+    it timed out (then the rest are reported as skipped)."""
+    lines = ["#!/bin/sh", "set -u", prologue.strip(), "hung=", ""]
     for name, secs in sections:
-        lines += [f'echo "===== section {name}" >&2',
+        # after a timeout the mount is most likely dead: skip the rest instead
+        # of waiting out every remaining section's timeout
+        lines += [f'if [ -n "$hung" ]; then echo "result {name}: skipped after $hung timed out"; else',
+                  f'echo "===== section {name}" >&2',
                   f"timeout -k 10 {secs} sh -eux /share/sec/{name}.sh",
-                  f'echo "result {name}: $?"']
-    lines += [epilogue.strip(), 'echo "guest: done"', ""]
+                  'rc=$?',
+                  f'echo "result {name}: $rc"',
+                  f'case $rc in 124|137) hung={name};; esac',
+                  'fi']
+    lines += ['if [ -z "$hung" ]; then', epilogue.strip(), "fi", 'echo "guest: done"', ""]
     return "\n".join(lines)
 
 

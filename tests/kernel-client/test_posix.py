@@ -272,7 +272,7 @@ if [ -e $M/srccopy ]; then echo "tar.copy_removed: no"; else echo "tar.copy_remo
 }
 POSIX_ORDER = [("create", 120), ("append", 120), ("truncate", 120), ("perms", 60),
                ("rename", 60), ("hardlink", 60), ("symlink", 60), ("mkdirp", 60),
-               ("fifo", 60), ("tarball", 300), ("tree10k", 600)]
+               ("fifo", 60), ("tarball", 300), ("tree10k", 420)]
 
 
 @pytest.fixture(scope="module")
@@ -296,11 +296,13 @@ def posix_run(tmp_path_factory, guest_image):
         files = {"blob.bin": blob, "src.tar": tar_path.read_bytes(),
                  **_sections(POSIX_SECTIONS)}
         res = vm.run_guest(script, ns, timeout=1500, image=guest_image, files=files)
+        alive = srv.alive()
         _report(f"posix ({what})", res, srv.log())
-    return Run(res, export, blob=blob, ref=ref, tar_what=what)
+    return Run(res, export, blob=blob, ref=ref, tar_what=what, server_alive=alive)
 
 
 def test_posix_mount(posix_run):
+    assert posix_run.server_alive, "nasd exited during the guest run (see its log above)"
     assert posix_run["result mount"] == "0"
     assert posix_run["guest"] == "done"
     assert posix_run["result umount"] == "0"
