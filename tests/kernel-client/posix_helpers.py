@@ -110,12 +110,16 @@ def tree_manifest(root: Path) -> dict[str, tuple]:
     return out
 
 
-def guest_program(prologue: str, sections: list[tuple[str, int]], epilogue: str = "") -> str:
+def guest_program(prologue: str, sections: list[tuple[str, int]], epilogue: str = "",
+                  mountpoint: str = "/mnt/nfs") -> str:
     """cmd.sh: ``prologue`` (set -e semantics are the caller's), then each
     section /share/sec/NAME.sh under ``timeout -k 10 T sh -eux``; a section's
     failure is recorded as ``result NAME: RC`` and the next one runs, unless
-    it timed out (then the rest are reported as skipped)."""
-    lines = ["#!/bin/sh", "set -u", prologue.strip(), "hung=", ""]
+    it timed out (then the rest are reported as skipped).  Nothing runs if
+    ``mountpoint`` is not mounted after the prologue."""
+    lines = ["#!/bin/sh", "set -u", "hung=", prologue.strip(),
+             # no mount, no point: the sections would run on the guest's own disk
+             f'grep -q " {mountpoint} " /proc/mounts || hung=mount', ""]
     for name, secs in sections:
         # after a timeout the mount is most likely dead: skip the rest instead
         # of waiting out every remaining section's timeout

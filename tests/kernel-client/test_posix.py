@@ -30,6 +30,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -121,6 +122,25 @@ def _sections(texts: dict[str, str]) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def guest_image() -> vm.Image:
     return vm.ensure_image()
+
+
+@pytest.fixture(scope="module")
+def workdir():
+    """mkdtemp(name) -> Path; removed at module end (NASD_KEEP_GUEST=1 keeps).
+
+    Not tmp_path_factory: other pytest runs on the machine prune old
+    /tmp/pytest-of-*/pytest-N dirs, possibly while nasd still serves one."""
+    made: list[str] = []
+
+    def mk(name: str) -> Path:
+        made.append(tempfile.mkdtemp(prefix=f"nasd-posix-{name}-"))
+        return Path(made[-1])
+    yield mk
+    for d in made:
+        if os.environ.get("NASD_KEEP_GUEST") == "1":
+            print(f"kept {d}")
+        else:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 # ===================================================================== posix
@@ -236,10 +256,8 @@ echo "fifo.data: $(timeout 30 cat $M/fifo)"
 mkdir $M/tree
 cd $M/tree
 t0=$(date +%s)
-for i in $(seq 0 99); do
-    mkdir d$i
-    (cd d$i && seq -f 'f%g' 0 99 | xargs touch)
-done
+# 100 dirs x 100 files, four dirs at a time (the guest is slow: TCG)
+seq 0 99 | xargs -P 4 -I{} sh -ec "mkdir d{}; cd d{}; seq -f 'f%g' 0 99 | xargs touch"
 t1=$(date +%s)
 echo "tree.count: $(find . -type f | wc -l)"
 echo "tree.dirs: $(find . -mindepth 1 -type d | wc -l)"
@@ -276,8 +294,8 @@ POSIX_ORDER = [("create", 120), ("append", 120), ("truncate", 120), ("perms", 60
 
 
 @pytest.fixture(scope="module")
-def posix_run(tmp_path_factory, guest_image):
-    base = tmp_path_factory.mktemp("posix")
+def posix_run(workdir, guest_image):
+    base = workdir("posix")
     export = base / "export"
     export.mkdir()
     os.chmod(export, 0o755)
@@ -502,8 +520,8 @@ echo "portmap.umount: ok"
 
 
 @pytest.fixture(scope="module")
-def squash_run(tmp_path_factory, guest_image):
-    base = tmp_path_factory.mktemp("squash")
+def squash_run(workdir, guest_image):
+    base = workdir("squash")
     export, pm_export = base / "export", base / "pm-export"
     export.mkdir()
     pm_export.mkdir()
@@ -616,8 +634,8 @@ echo "handles.ls: $(ls $M/sub | tr '\n' ' ')"
 
 
 @pytest.fixture(scope="module")
-def restart_run(tmp_path_factory, guest_image):
-    base = tmp_path_factory.mktemp("restart")
+def restart_run(workdir, guest_image):
+    base = workdir("restart")
     export = base / "export"
     export.mkdir()
     os.chmod(export, 0o755)
