@@ -15,7 +15,7 @@ use nasd::metrics::Metrics;
 use nasd::mount3::Mount3;
 use nasd::nfs3::Nfs3;
 use nasd::portmap::Portmap;
-use nasd::rpc::dispatch::Dispatcher;
+use nasd::rpc::dispatch::{Dispatcher, Handled};
 use nasd::rpc::{RpcProgram, Transport};
 use nasd::server::state::{ExportRuntime, ServerState};
 use std::net::SocketAddr;
@@ -109,7 +109,12 @@ fuzz_target!(|data: &[u8]| {
         let n = (u16::from_be_bytes([*a, *b]) as usize).min(tail.len());
         let rec = substitute(&tail[..n], w);
         rest = &tail[n..];
-        if let Some(reply) = w.dispatcher.handle(&rec, peer, local, Transport::Tcp) {
+        // As the TCP transport does: on the network thread first, on a worker if it must wait.
+        let reply = match w.dispatcher.try_handle_inline(&rec, peer, local, Transport::Tcp) {
+            Handled::Done(reply) => reply,
+            Handled::NeedsThread => w.dispatcher.handle(&rec, peer, local, Transport::Tcp),
+        };
+        if let Some(reply) = reply {
             assert!(reply.len() >= 4);
             let mark = u32::from_be_bytes(reply[..4].try_into().unwrap());
             assert_eq!((mark & 0x7fff_ffff) as usize, reply.len() - 4);

@@ -40,8 +40,7 @@ impl RpcProgram for Nfs3 {
             }
             Some(Ok(a)) => a,
         };
-        proc::run(&self.state, ctx, args, out);
-        Ok(())
+        proc::run(&self.state, ctx, args, out)
     }
 
     fn is_non_idempotent(&self, _version: u32, procedure: u32) -> bool {
@@ -49,9 +48,14 @@ impl RpcProgram for Nfs3 {
         matches!(procedure, SETATTR | WRITE | CREATE | MKDIR | SYMLINK | MKNOD | REMOVE | RMDIR | RENAME | LINK | COMMIT)
     }
 
-    fn is_quick(&self, _version: u32, procedure: u32) -> bool {
+    fn is_quick(&self, _version: u32, procedure: u32, args: &[u8]) -> bool {
         use xdr::proc::*;
-        matches!(procedure, NULL | GETATTR | LOOKUP | ACCESS | READLINK | READ | READDIR | READDIRPLUS | FSSTAT | FSINFO | PATHCONF)
+        match procedure {
+            NULL | GETATTR | LOOKUP | ACCESS | READLINK | READ | READDIR | READDIRPLUS | FSSTAT | FSINFO | PATHCONF => true,
+            // An UNSTABLE write only reaches the page cache.
+            WRITE => xdr::write_stability(args) == Some(crate::vfs::Stability::Unstable),
+            _ => false,
+        }
     }
 
     fn results_start_with_status(&self, procedure: u32) -> bool {

@@ -1,9 +1,9 @@
 //! NFSv3 procedures (RFC 1813 section 3.3), one function each.
 
 use super::xdr::*;
-use crate::rpc::{CallContext, Transport};
+use crate::rpc::{CallContext, ProcError, Transport};
 use crate::server::state::{Admitted, ServerState};
-use crate::vfs::{Attr, DirEntry, ObjectId, VfsError, Wcc};
+use crate::vfs::{Attr, Blocking, DirEntry, ObjectId, VfsError, Wcc};
 use crate::xdr::{pad4, XdrWriter};
 
 /// A failed procedure: its status and how many empty optional results (post_op_attr /
@@ -13,6 +13,8 @@ struct Failure {
     empty_optionals: usize,
     /// Directory attributes worth returning even on failure (LOOKUP).
     dir_attr: Option<Attr>,
+    /// Nothing was done: the call must run again on a thread that may wait for the disk.
+    would_block: bool,
 }
 
 type ProcResult = Result<(), Failure>;
@@ -30,7 +32,7 @@ fn max_io(ctx: &CallContext) -> u32 {
 }
 
 fn fail(n: usize) -> impl Fn(VfsError) -> Failure {
-    move |e| Failure { status: e.into(), empty_optionals: n, dir_attr: None }
+    move |e| Failure { status: e.into(), empty_optionals: n, dir_attr: None, would_block: e == VfsError::WouldBlock }
 }
 
 /// Failure shapes: GETATTR has no results; most have one post_op_attr; modifying
@@ -42,13 +44,15 @@ const WCC: usize = 2;
 const ATTR_WCC: usize = 3;
 const TWO_WCC: usize = 4;
 
-pub fn run(state: &ServerState, ctx: &CallContext, args: Args<'_>, out: &mut XdrWriter) {
+/// Runs one procedure, appending its results to `out`. Fails only with
+/// `ProcError::WouldBlock`, when `ctx.may_block` is false and the call would wait.
+pub fn run(state: &ServerState, ctx: &CallContext, args: Args<'_>, out: &mut XdrWriter) -> Result<(), ProcError> {
     let start = out.len();
     out.u32(Status::Ok as u32);
     let res = match args {
         Args::Null => {
             out.truncate(start);
-            return;
+            return Ok(());
         }
         Args::Getattr { fh } => getattr(state, ctx, fh, out),
         Args::Setattr { fh, attrs, guard } => setattr(state, ctx, fh, &attrs, guard, out),
@@ -85,11 +89,23 @@ pub fn run(state: &ServerState, ctx: &CallContext, args: Args<'_>, out: &mut Xdr
     };
     if let Err(f) = res {
         out.truncate(start);
+        if f.would_block {
+            return Err(ProcError::WouldBlock);
+        }
         out.u32(f.status as u32);
         match f.dir_attr {
             Some(a) => put_post_op_attr(out, Some(&a)),
             None => (0..f.empty_optionals).for_each(|_| out.bool(false)),
         }
+    }
+    Ok(())
+}
+
+fn blocking(ctx: &CallContext) -> Blocking {
+    if ctx.may_block {
+        Blocking::Allowed
+    } else {
+        Blocking::Forbidden
     }
 }
 
@@ -148,7 +164,7 @@ fn lookup(state: &ServerState, ctx: &CallContext, at: &DirOp<'_>, out: &mut XdrW
         Err(e) => {
             // Directory attributes let the client cache the negative result.
             let dir_attr = adm.rt.vfs.getattr(&adm.cred, &adm.obj).ok();
-            Err(Failure { status: e.into(), empty_optionals: ATTR, dir_attr })
+            Err(Failure { status: e.into(), empty_optionals: ATTR, dir_attr, would_block: false })
         }
     }
 }
@@ -186,7 +202,7 @@ fn read(state: &ServerState, ctx: &CallContext, fh: &[u8], offset: u64, count: u
     out.bool(false);
     let mut result = None;
     out.opaque_with(count, |buf| {
-        let r = adm.rt.vfs.read(&adm.cred, &adm.obj, offset, buf)?;
+        let r = adm.rt.vfs.read(&adm.cred, &adm.obj, offset, buf, blocking(ctx))?;
         let n = r.count;
         result = Some(r);
         Ok(n)
@@ -212,7 +228,7 @@ fn write(
     out: &mut XdrWriter,
 ) -> ProcResult {
     let adm = admit_write(state, ctx, fh, WCC)?;
-    let r = adm.rt.vfs.write(&adm.cred, &adm.obj, offset, data, stable).map_err(fail(WCC))?;
+    let r = adm.rt.vfs.write(&adm.cred, &adm.obj, offset, data, stable, blocking(ctx)).map_err(fail(WCC))?;
     put_wcc(out, &r.wcc);
     out.u32(r.count as u32);
     out.u32(stable_code(r.committed));
@@ -327,7 +343,7 @@ fn readdir(
         })
         .map_err(fail(ATTR))?;
     if too_small {
-        return Err(Failure { status: Status::TooSmall, empty_optionals: ATTR, dir_attr: Some(end.dir_attr) });
+        return Err(Failure { status: Status::TooSmall, empty_optionals: ATTR, dir_attr: Some(end.dir_attr), would_block: false });
     }
     out.bool(false);
     out.bool(end.eof);

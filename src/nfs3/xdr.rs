@@ -109,7 +109,7 @@ impl From<VfsError> for Status {
             VfsError::NotSupp => Status::NotSupp,
             VfsError::BadType => Status::BadType,
             VfsError::ServerFault => Status::ServerFault,
-            VfsError::Jukebox => Status::Jukebox,
+            VfsError::Jukebox | VfsError::WouldBlock => Status::Jukebox,
         }
     }
 }
@@ -274,6 +274,15 @@ impl<'a> Args<'a> {
         }
         Some(res)
     }
+}
+
+/// The stability a WRITE asks for, read without decoding the payload.
+pub fn write_stability(args: &[u8]) -> Option<Stability> {
+    let mut r = XdrReader::new(args);
+    fh(&mut r).ok()?;
+    r.u64().ok()?;
+    r.u32().ok()?;
+    stable_how(r.u32().ok()?).ok()
 }
 
 fn ftype(kind: FileKind) -> u32 {

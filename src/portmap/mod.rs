@@ -167,7 +167,7 @@ impl RpcProgram for Portmap {
         Ok(())
     }
 
-    fn is_quick(&self, _version: u32, _procedure: u32) -> bool {
+    fn is_quick(&self, _version: u32, _procedure: u32, _args: &[u8]) -> bool {
         true
     }
 

@@ -11,6 +11,17 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// What [`Dispatcher::try_handle_inline`] did with a call.
+#[derive(Debug)]
+pub enum Handled {
+    /// Finished: the framed reply to send, if any.
+    Done(Option<Arc<Vec<u8>>>),
+    /// Nothing was done: the call may wait for the disk and belongs on a thread that may.
+    NeedsThread,
+}
+
+struct NeedsThread;
+
 pub struct Dispatcher {
     programs: Vec<Arc<dyn RpcProgram>>,
     drc: DuplicateRequestCache,
@@ -30,46 +41,65 @@ impl Dispatcher {
         &self.drc
     }
 
-    /// Whether the call in `record` is quick enough to run on the connection's task.
-    pub fn is_quick(&self, record: &[u8]) -> bool {
-        message::peek_procedure(record).is_some_and(|(prog, vers, proc_)| {
-            self.programs.iter().any(|p| p.program() == prog && p.is_quick(vers, proc_))
-        })
+    /// Handles one call on a thread that may wait for the disk. Returns the framed reply
+    /// (record mark first; datagram transports skip those 4 bytes), or `None` when nothing
+    /// must be sent.
+    pub fn handle(&self, record: &[u8], peer: SocketAddr, local: SocketAddr, transport: Transport) -> Option<Arc<Vec<u8>>> {
+        // With `may_block` no procedure asks for another thread.
+        self.run_call(record, peer, local, transport, true).unwrap_or_default()
     }
 
-    /// Handles one call. Returns the framed reply (record mark first; datagram transports
-    /// skip those 4 bytes), or `None` when nothing must be sent.
-    pub fn handle(&self, record: &[u8], peer: SocketAddr, local: SocketAddr, transport: Transport) -> Option<Arc<Vec<u8>>> {
+    /// Handles one call on a network thread if it can finish without waiting for the disk;
+    /// otherwise does nothing and says so, and the caller passes the record to
+    /// [`Dispatcher::handle`] on a thread that may wait.
+    pub fn try_handle_inline(&self, record: &[u8], peer: SocketAddr, local: SocketAddr, transport: Transport) -> Handled {
+        match self.run_call(record, peer, local, transport, false) {
+            Ok(reply) => Handled::Done(reply),
+            Err(NeedsThread) => Handled::NeedsThread,
+        }
+    }
+
+    fn run_call(
+        &self,
+        record: &[u8],
+        peer: SocketAddr,
+        local: SocketAddr,
+        transport: Transport,
+        may_block: bool,
+    ) -> Result<Option<Arc<Vec<u8>>>, NeedsThread> {
         let started = Instant::now();
         let mut r = XdrReader::new(record);
         let header = match message::decode_call(&mut r) {
             Ok(h) => h,
             Err(HeaderError::Unparseable) | Err(HeaderError::NotACall) => {
                 self.metrics.record_rpc_error("unparseable");
-                return None;
+                return Ok(None);
             }
             Err(HeaderError::RpcMismatch { xid }) => {
                 self.metrics.record_rpc_error("rpc_mismatch");
                 let mut w = begin_record(32);
                 message::encode_rpc_mismatch(&mut w, xid);
-                return Some(Arc::new(finish_record(w)));
+                return Ok(Some(Arc::new(finish_record(w))));
             }
             Err(HeaderError::Auth { xid, stat }) => {
                 self.metrics.record_rpc_error("auth_error");
                 let mut w = begin_record(32);
                 message::encode_auth_error(&mut w, xid, stat);
-                return Some(Arc::new(finish_record(w)));
+                return Ok(Some(Arc::new(finish_record(w))));
             }
         };
         let xid = header.xid;
         let Some(program) = self.programs.iter().find(|p| p.program() == header.program) else {
             self.metrics.record_rpc_error("prog_unavail");
-            return Some(Self::accept_error(xid, AcceptError::ProgUnavail, (0, 0)));
+            return Ok(Some(Self::accept_error(xid, AcceptError::ProgUnavail, (0, 0))));
         };
         let versions = program.versions();
         if header.version < versions.0 || header.version > versions.1 {
             self.metrics.record_rpc_error("prog_mismatch");
-            return Some(Self::accept_error(xid, AcceptError::ProgMismatch, versions));
+            return Ok(Some(Self::accept_error(xid, AcceptError::ProgMismatch, versions)));
+        }
+        if !may_block && !program.is_quick(header.version, header.procedure, r.rest()) {
+            return Err(NeedsThread);
         }
         let ctx = CallContext {
             xid,
@@ -80,6 +110,7 @@ impl Dispatcher {
             peer: SocketAddr::new(crate::exports::canonical_ip(peer.ip()), peer.port()),
             local,
             transport,
+            may_block,
         };
         let drc_key = program
             .is_non_idempotent(ctx.version, ctx.procedure)
@@ -90,12 +121,12 @@ impl Dispatcher {
                 Lookup::InProgress => {
                     self.metrics.drc_hit();
                     tracing::debug!(client = %ctx.peer, xid, "retransmit of a call still in progress dropped");
-                    return None;
+                    return Ok(None);
                 }
                 Lookup::Replay(reply) => {
                     self.metrics.drc_hit();
                     tracing::debug!(client = %ctx.peer, xid, "retransmit answered from the duplicate request cache");
-                    return Some(reply);
+                    return Ok(Some(reply));
                 }
             }
         }
@@ -111,11 +142,11 @@ impl Dispatcher {
         let status = if outcome.is_ok() { status_word(&w) } else { None };
         match outcome {
             Ok(()) => {}
-            Err(ProcError::Drop) => {
+            Err(e @ (ProcError::Drop | ProcError::WouldBlock)) => {
                 if let Some(key) = &drc_key {
                     self.drc.abandon(key);
                 }
-                return None;
+                return if e == ProcError::WouldBlock { Err(NeedsThread) } else { Ok(None) };
             }
             Err(e) => {
                 w.truncate(header_at);
@@ -137,7 +168,7 @@ impl Dispatcher {
             self.drc.complete(key, reply.clone());
         }
         self.metrics.record_call(ctx.program, ctx.procedure, started.elapsed(), status);
-        Some(reply)
+        Ok(Some(reply))
     }
 
     fn accept_error(xid: u32, err: AcceptError, versions: (u32, u32)) -> Arc<Vec<u8>> {

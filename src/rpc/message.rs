@@ -83,13 +83,6 @@ pub fn decode_call(r: &mut XdrReader<'_>) -> Result<CallHeader, HeaderError> {
     Ok(CallHeader { xid, program, version, procedure, credential })
 }
 
-/// Program, version and procedure of a call, read without decoding the rest.
-pub fn peek_procedure(record: &[u8]) -> Option<(u32, u32, u32)> {
-    let word = |i: usize| record.get(i * 4..i * 4 + 4).map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")));
-    (word(1)? == MSG_CALL).then_some(())?;
-    Some((word(3)?, word(4)?, word(5)?))
-}
-
 fn reply_prefix(w: &mut XdrWriter, xid: u32, reply_stat: u32) {
     w.u32(xid);
     w.u32(MSG_REPLY);

@@ -28,6 +28,9 @@ pub struct CallContext {
     /// The server address the call arrived at.
     pub local: SocketAddr,
     pub transport: Transport,
+    /// False on a network thread: the procedure must not wait for the disk and returns
+    /// [`ProcError::WouldBlock`] instead, to be run again on a thread that may.
+    pub may_block: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +48,8 @@ pub enum ProcError {
     Auth(AuthStat),
     /// The request must not be answered (e.g. a retransmit of a call still in progress).
     Drop,
+    /// Only with `may_block` false: the call would wait for the disk and did nothing.
+    WouldBlock,
 }
 
 impl From<crate::xdr::XdrError> for ProcError {
@@ -66,10 +71,10 @@ pub trait RpcProgram: Send + Sync {
     fn is_non_idempotent(&self, _version: u32, _procedure: u32) -> bool {
         false
     }
-    /// Whether a procedure normally finishes in microseconds without waiting on the disk
-    /// (no fsync, no directory change), so it may run on the connection's own task when
-    /// nothing else is in flight there, saving a thread hand-off.
-    fn is_quick(&self, _version: u32, _procedure: u32) -> bool {
+    /// Whether a call normally finishes in microseconds without waiting for the disk (no
+    /// fsync, no directory change), so it is tried first on the connection's own task,
+    /// saving a thread hand-off. `args` are the undecoded arguments.
+    fn is_quick(&self, _version: u32, _procedure: u32, _args: &[u8]) -> bool {
         false
     }
     /// Whether a successful reply's results begin with a status word (counted in metrics).

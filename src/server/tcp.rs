@@ -1,22 +1,41 @@
-//! RPC over TCP. Per connection, a reader task reads records as fast as the request
-//! slots allow and runs each call on a worker thread; the worker sends its own reply
-//! straight to the socket when nothing is queued ahead of it (no extra thread hop), and
-//! otherwise queues it for the connection's writer task, which drains the queue in order
-//! without ever blocking a worker on a slow client.
+//! RPC over TCP.
+//!
+//! Per connection, one task reads records and runs every call that can finish without
+//! waiting for the disk right there (READ from the page cache, UNSTABLE WRITE, GETATTR,
+//! LOOKUP, ...), collecting their replies; it sends them together, in one `writev`, when
+//! it would otherwise wait (no more requests at hand, no free request slot) or the batch
+//! grows large. Under pipelined load that is one send per batch instead of one per reply,
+//! and no thread hand-off at all. Calls that may wait (stable writes, COMMIT, namespace
+//! changes, reads of uncached data) run on worker threads, which queue their replies for
+//! the same connection.
+//!
+//! Whoever queues replies while nobody is sending becomes the sender and writes everything
+//! queued, so concurrent replies leave in batches too; when the socket is full, the
+//! connection's writer task takes over, waits for the client to read, and gives up on a
+//! client that stops reading.
 
 use super::Shared;
+use crate::rpc::dispatch::Handled;
 use crate::rpc::record::read_record;
 use crate::rpc::Transport;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
+use std::pin::pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader, Interest};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+
+/// Replies of calls run on the connection task are sent once this many bytes wait.
+const BATCH_BYTES: usize = 256 * 1024;
+/// Most replies handed to one `writev`.
+const MAX_IOVECS: usize = 128;
 
 /// A reply on its way out, holding the request slots it used until it is written.
 struct Outgoing {
@@ -29,73 +48,137 @@ struct Outgoing {
 #[derive(Default)]
 struct SinkState {
     queue: VecDeque<Outgoing>,
-    /// The writer task owns the socket's output until the queue is empty.
-    draining: bool,
+    /// Someone (a thread that queued replies, or the writer task) is sending the queue;
+    /// everyone else only adds to it.
+    sending: bool,
     closed: bool,
 }
 
-/// The write side of one connection, shared by its workers and its writer task. It owns
-/// the socket's write half, so the descriptor stays valid while any worker holds it.
+/// The write side of one connection, shared by its reader, its workers and its writer
+/// task. It owns the socket's write half, so the descriptor stays valid while any of them
+/// holds it.
 struct ReplySink {
     socket: OwnedWriteHalf,
     state: Mutex<SinkState>,
+    /// Hands sending over to the writer task (socket full) or tells it to stop.
     wake_writer: Notify,
 }
 
 enum Sent {
     All,
-    Partly,
+    /// The socket is full; unsent replies are back at the front of the queue.
+    Blocked,
     Failed,
 }
 
 impl ReplySink {
-    /// Non-blocking send of the unsent part of `out`. Workers call the socket directly;
-    /// the writer task goes through tokio (`from_runtime`) so a full socket clears the
-    /// readiness it then waits on.
-    fn try_send(&self, out: &mut Outgoing, from_runtime: bool) -> Sent {
+    fn new(socket: OwnedWriteHalf) -> Self {
+        Self { socket, state: Mutex::new(SinkState::default()), wake_writer: Notify::new() }
+    }
+
+    /// Queues replies and, unless someone is already sending, sends the queue now from this
+    /// thread; never blocks.
+    fn submit(&self, replies: impl IntoIterator<Item = Outgoing>) {
+        {
+            let mut st = self.state.lock();
+            if st.closed {
+                return;
+            }
+            st.queue.extend(replies);
+            if st.sending || st.queue.is_empty() {
+                return;
+            }
+            st.sending = true;
+        }
+        if let Sent::Blocked = self.send_queue() {
+            // The writer task now owns the queue until it is empty.
+            self.wake_writer.notify_one();
+        }
+    }
+
+    /// Sends queued replies until the queue is empty (and gives up `sending`), the socket
+    /// is full (keeps `sending` for the writer task) or the connection fails (closes it).
+    /// Called only by the holder of `sending`.
+    fn send_queue(&self) -> Sent {
+        loop {
+            let mut batch: Vec<Outgoing> = {
+                let mut st = self.state.lock();
+                if st.closed {
+                    st.queue.clear();
+                    return Sent::Failed;
+                }
+                if st.queue.is_empty() {
+                    st.sending = false;
+                    return Sent::All;
+                }
+                let n = st.queue.len().min(MAX_IOVECS);
+                st.queue.drain(..n).collect()
+            };
+            let result = self.write_batch(&mut batch);
+            let unsent: Vec<Outgoing> = batch.into_iter().filter(|o| o.sent < o.reply.len()).collect();
+            match result {
+                Ok(()) if unsent.is_empty() => continue,
+                Ok(()) => {
+                    let mut st = self.state.lock();
+                    for o in unsent.into_iter().rev() {
+                        st.queue.push_front(o);
+                    }
+                    return Sent::Blocked;
+                }
+                Err(_) => {
+                    let mut st = self.state.lock();
+                    st.closed = true;
+                    st.queue.clear();
+                    drop(st);
+                    self.wake_writer.notify_one();
+                    return Sent::Failed;
+                }
+            }
+        }
+    }
+
+    /// One `writev` of the unsent parts of `batch`, in order; advances each reply's
+    /// `sent`. `Ok` with bytes left over means the socket is full.
+    fn write_batch(&self, batch: &mut [Outgoing]) -> std::io::Result<()> {
+        let iov: Vec<libc::iovec> = batch
+            .iter()
+            .map(|o| libc::iovec { iov_base: o.reply[o.sent..].as_ptr() as *mut _, iov_len: o.reply.len() - o.sent })
+            .collect();
         let fd = self.socket.as_ref().as_raw_fd();
-        while out.sent < out.reply.len() {
-            let rest = &out.reply[out.sent..];
-            let n = if from_runtime {
-                self.socket.as_ref().try_write(rest)
-            } else {
-                // SAFETY: fd is open while `self` lives; the slice bounds the read.
-                let n = unsafe { libc::send(fd, rest.as_ptr().cast(), rest.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+        loop {
+            // Through tokio, so a full socket clears the readiness the writer task waits on.
+            let r = self.socket.as_ref().try_io(Interest::WRITABLE, || {
+                let msg = libc::msghdr {
+                    msg_name: std::ptr::null_mut(),
+                    msg_namelen: 0,
+                    msg_iov: iov.as_ptr() as *mut _,
+                    msg_iovlen: iov.len(),
+                    msg_control: std::ptr::null_mut(),
+                    msg_controllen: 0,
+                    msg_flags: 0,
+                };
+                // SAFETY: the iovecs point into replies that `batch` keeps alive.
+                let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
                 if n < 0 {
                     Err(std::io::Error::last_os_error())
                 } else {
                     Ok(n as usize)
                 }
-            };
-            match n {
-                Ok(n) => out.sent += n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Sent::Partly,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(_) => return Sent::Failed,
-            }
-        }
-        Sent::All
-    }
-
-    /// Sends a reply now if nothing is queued ahead of it, else queues it.
-    fn send(&self, mut out: Outgoing) {
-        let mut st = self.state.lock();
-        if st.closed {
-            return;
-        }
-        if !st.draining {
-            match self.try_send(&mut out, false) {
-                Sent::All => return,
-                Sent::Failed => {
-                    st.closed = true;
-                    self.wake_writer.notify_one();
-                    return;
+            });
+            match r {
+                Ok(mut n) => {
+                    for o in batch.iter_mut() {
+                        let take = n.min(o.reply.len() - o.sent);
+                        o.sent += take;
+                        n -= take;
+                    }
+                    return Ok(());
                 }
-                Sent::Partly => st.draining = true,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) => return Err(e),
             }
         }
-        st.queue.push_back(out);
-        self.wake_writer.notify_one();
     }
 
     fn close(&self) {
@@ -132,13 +215,49 @@ pub(crate) async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
+/// Replies of calls run on the connection task, waiting to be sent together.
+struct Batch<'a> {
+    sink: &'a ReplySink,
+    replies: Vec<Outgoing>,
+    bytes: usize,
+}
+
+impl Batch<'_> {
+    fn push(&mut self, out: Outgoing) {
+        self.bytes += out.reply.len();
+        self.replies.push(out);
+        if self.bytes >= BATCH_BYTES {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        if !self.replies.is_empty() {
+            self.sink.submit(self.replies.drain(..));
+            self.bytes = 0;
+        }
+    }
+
+    /// Awaits `fut`, first sending the batch if `fut` cannot finish at once: replies wait
+    /// only while more work is already at hand.
+    async fn flush_before_waiting<F: Future>(&mut self, fut: F) -> F::Output {
+        let mut fut = pin!(fut);
+        let ready = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await;
+        if let Poll::Ready(v) = ready {
+            return v;
+        }
+        self.flush();
+        fut.await
+    }
+}
+
 async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) -> anyhow::Result<()> {
     stream.set_nodelay(true)?;
     let local = stream.local_addr()?;
     tracing::debug!(client = %peer, "connection opened");
     let (rd, wr) = stream.into_split();
     let mut rd = BufReader::with_capacity(128 * 1024, rd);
-    let sink = Arc::new(ReplySink { socket: wr, state: Mutex::new(SinkState::default()), wake_writer: Notify::new() });
+    let sink = Arc::new(ReplySink::new(wr));
     let write_timeout = Duration::from_secs(shared.limits.write_timeout_secs);
     let mut writer = tokio::spawn(drain_replies(sink.clone(), write_timeout, peer));
     let per_conn = shared.limits.max_requests_per_connection.max(1);
@@ -147,112 +266,99 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
     // Once a request starts arriving it holds a global slot, so it must finish arriving
     // promptly (a slowloris client must not keep slots for the idle timeout).
     let request_deadline = Duration::from_secs(shared.limits.write_timeout_secs).min(idle);
+    let mut batch = Batch { sink: &sink, replies: Vec::new(), bytes: 0 };
     let result = loop {
         // Take both slots before reading, so a connection cannot read more requests than
         // it may run: this is the back-pressure that bounds memory.
-        let conn_slot = conn_slots.clone().acquire_owned().await.expect("never closed");
+        let conn_slot = batch.flush_before_waiting(conn_slots.clone().acquire_owned()).await.expect("never closed");
         // But take the global slot only once the next record has begun to arrive: an idle
         // connection must not hold a slot every other client needs (otherwise
         // max_requests_in_flight idle connections stop the server for everyone).
-        let waited = tokio::select! {
-            r = tokio::time::timeout(idle, rd.fill_buf()) => r.map(|r| r.map(|b| b.is_empty())),
-            _ = &mut writer => break Ok(()),
-        };
+        let waited = batch
+            .flush_before_waiting(async {
+                tokio::select! {
+                    r = tokio::time::timeout(idle, rd.fill_buf()) => Some(r.map(|r| r.map(|b| b.is_empty()))),
+                    _ = &mut writer => None,
+                }
+            })
+            .await;
         match waited {
-            Err(_) => break Err(anyhow::anyhow!("idle for {idle:?}")),
-            Ok(Err(e)) => break Err(e.into()),
-            Ok(Ok(true)) => break Ok(()),
-            Ok(Ok(false)) => {}
+            None => break Ok(()),
+            Some(Err(_)) => break Err(anyhow::anyhow!("idle for {idle:?}")),
+            Some(Ok(Err(e))) => break Err(e.into()),
+            Some(Ok(Ok(true))) => break Ok(()),
+            Some(Ok(Ok(false))) => {}
         }
-        let global_slot = shared.global_requests.clone().acquire_owned().await.expect("never closed");
+        let global_slot =
+            batch.flush_before_waiting(shared.global_requests.clone().acquire_owned()).await.expect("never closed");
         let mut record = Vec::new();
-        let read = tokio::select! {
-            r = tokio::time::timeout(request_deadline, read_record(&mut rd, &shared.record_limits, &mut record)) => r,
-            _ = &mut writer => break Ok(()),
-        };
+        let read = batch
+            .flush_before_waiting(async {
+                tokio::select! {
+                    r = tokio::time::timeout(request_deadline, read_record(&mut rd, &shared.record_limits, &mut record)) => Some(r),
+                    _ = &mut writer => None,
+                }
+            })
+            .await;
         match read {
-            Err(_) => break Err(anyhow::anyhow!("a request took longer than {request_deadline:?} to arrive")),
-            Ok(Err(e)) => break Err(e.into()),
-            Ok(Ok(false)) => break Ok(()),
-            Ok(Ok(true)) => {}
+            None => break Ok(()),
+            Some(Err(_)) => break Err(anyhow::anyhow!("a request took longer than {request_deadline:?} to arrive")),
+            Some(Ok(Err(e))) => break Err(e.into()),
+            Some(Ok(Ok(false))) => break Ok(()),
+            Some(Ok(Ok(true))) => {}
         }
         shared.metrics.request_started();
-        // Nothing else in flight on this connection: a quick call runs right here, which
-        // saves two thread hand-offs on the latency path. Anything that may wait on the
-        // disk, and everything under pipelined load, goes to the worker threads.
-        let alone = conn_slots.available_permits() + 1 == per_conn && rd.buffer().is_empty() && !bytes_waiting(rd.get_ref());
-        let quick = alone && shared.dispatcher.is_quick(&record);
-        let run = {
-            let (shared, sink) = (shared.clone(), sink.clone());
-            move || {
-                let reply = shared.dispatcher.handle(&record, peer, local, Transport::Tcp);
-                drop(record);
+        let slots = (conn_slot, global_slot);
+        match shared.dispatcher.try_handle_inline(&record, peer, local, Transport::Tcp) {
+            Handled::Done(reply) => {
                 if let Some(reply) = reply {
-                    sink.send(Outgoing { reply, sent: 0, _slots: (conn_slot, global_slot) });
+                    batch.push(Outgoing { reply, sent: 0, _slots: slots });
                 }
                 shared.metrics.request_finished();
             }
-        };
-        if quick {
-            run();
-        } else {
-            tokio::task::spawn_blocking(run);
+            Handled::NeedsThread => {
+                let (shared, sink) = (shared.clone(), sink.clone());
+                tokio::task::spawn_blocking(move || {
+                    if let Some(reply) = shared.dispatcher.handle(&record, peer, local, Transport::Tcp) {
+                        sink.submit([Outgoing { reply, sent: 0, _slots: slots }]);
+                    }
+                    shared.metrics.request_finished();
+                });
+            }
         }
     };
+    batch.flush();
     // Let the calls still running finish and their replies go out (bounded by the write
     // timeout), then close.
     let _ = tokio::time::timeout(write_timeout, conn_slots.acquire_many(per_conn as u32)).await;
     sink.close();
-    let _ = writer.await;
+    // The writer may already have ended, and a finished JoinHandle must not be polled again.
+    if !writer.is_finished() {
+        let _ = writer.await;
+    }
     result
 }
 
-/// Whether the client has already sent more than we have read (a pipelined request).
-fn bytes_waiting(socket: &tokio::net::tcp::OwnedReadHalf) -> bool {
-    let mut n: libc::c_int = 0;
-    // SAFETY: FIONREAD writes one int.
-    let r = unsafe { libc::ioctl(socket.as_ref().as_raw_fd(), libc::FIONREAD, &mut n) };
-    r != 0 || n > 0
-}
-
-/// Sends queued replies in order; exits when the connection is closed or the client stops
-/// reading for longer than `timeout`.
+/// Takes over sending when the socket is full: waits until the client reads, sends the
+/// queue, and hands sending back once the queue is empty. Exits when the connection is
+/// closed or the client stops reading for longer than `timeout`.
 async fn drain_replies(sink: Arc<ReplySink>, timeout: Duration, peer: SocketAddr) {
     loop {
         sink.wake_writer.notified().await;
         loop {
-            // Decide under the lock; wait for the socket outside it.
-            let blocked = {
-                let mut st = sink.state.lock();
-                if st.closed {
-                    st.queue.clear();
-                    return;
-                }
-                let Some(mut out) = st.queue.pop_front() else {
-                    st.draining = false;
-                    break;
-                };
-                // Sending while holding the lock keeps bytes in order; it never blocks.
-                match sink.try_send(&mut out, true) {
-                    Sent::All => false,
-                    Sent::Failed => {
-                        st.closed = true;
-                        st.queue.clear();
-                        return;
-                    }
-                    Sent::Partly => {
-                        st.queue.push_front(out);
-                        true
-                    }
-                }
-            };
-            if blocked {
-                let ready = tokio::time::timeout(timeout, sink.socket.as_ref().writable()).await;
-                if !matches!(ready, Ok(Ok(()))) {
-                    tracing::warn!(client = %peer, "client is not reading its replies; closing the connection");
-                    sink.close();
-                    return;
-                }
+            if sink.state.lock().closed {
+                return;
+            }
+            let ready = tokio::time::timeout(timeout, sink.socket.as_ref().writable()).await;
+            if !matches!(ready, Ok(Ok(()))) {
+                tracing::warn!(client = %peer, "client is not reading its replies; closing the connection");
+                sink.close();
+                return;
+            }
+            match sink.send_queue() {
+                Sent::All => break,
+                Sent::Blocked => continue,
+                Sent::Failed => return,
             }
         }
     }

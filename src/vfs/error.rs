@@ -54,6 +54,10 @@ pub enum VfsError {
     ServerFault,
     #[error("try again later")]
     Jukebox,
+    /// The call was made with [`crate::vfs::Blocking::Forbidden`] and would have to wait
+    /// for the disk: nothing was done; call again where waiting is allowed.
+    #[error("would block")]
+    WouldBlock,
 }
 
 pub type VfsResult<T> = Result<T, VfsError>;

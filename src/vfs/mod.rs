@@ -157,6 +157,15 @@ pub enum SpecialNode {
     BlockDevice(u32, u32),
 }
 
+/// Whether a data call may wait for the disk. Servers try READ and WRITE first on their
+/// network threads with `Forbidden` (served from memory, no thread hand-off) and, on
+/// [`VfsError::WouldBlock`], again with `Allowed` on a thread that may wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blocking {
+    Allowed,
+    Forbidden,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Stability {
     Unstable,
@@ -242,9 +251,20 @@ pub trait Vfs: Send + Sync {
     /// Returns which of the `mask` bits the caller is granted.
     fn access(&self, cred: &Cred, obj: &ObjectId, mask: u32) -> VfsResult<(u32, Attr)>;
     fn readlink(&self, cred: &Cred, obj: &ObjectId) -> VfsResult<(Vec<u8>, Attr)>;
-    /// Reads into `buf` (its length is the requested count).
-    fn read(&self, cred: &Cred, obj: &ObjectId, offset: u64, buf: &mut [u8]) -> VfsResult<ReadResult>;
-    fn write(&self, cred: &Cred, obj: &ObjectId, offset: u64, data: &[u8], stable: Stability) -> VfsResult<WriteResult>;
+    /// Reads into `buf` (its length is the requested count). With `Blocking::Forbidden` it
+    /// either serves the whole range from memory or fails with `WouldBlock`.
+    fn read(&self, cred: &Cred, obj: &ObjectId, offset: u64, buf: &mut [u8], blocking: Blocking) -> VfsResult<ReadResult>;
+    /// With `Blocking::Forbidden` it fails with `WouldBlock`, having changed nothing, when
+    /// the write would wait for the disk (a stable write always does).
+    fn write(
+        &self,
+        cred: &Cred,
+        obj: &ObjectId,
+        offset: u64,
+        data: &[u8],
+        stable: Stability,
+        blocking: Blocking,
+    ) -> VfsResult<WriteResult>;
     /// Makes everything written to the object durable.
     fn commit(&self, cred: &Cred, obj: &ObjectId, offset: u64, count: u64) -> VfsResult<Wcc>;
     fn create(&self, cred: &Cred, dir: &ObjectId, name: &[u8], how: &CreateHow) -> VfsResult<Created>;

@@ -1,22 +1,25 @@
 //! Open-object cache: kernel handle -> open descriptors, so a busy file costs no
 //! `open_by_handle_at` per request (the role of knfsd's filecache).
 
+use super::sync::SyncGroup;
 use crate::vfs::ObjectId;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-/// One cached object: an `O_PATH` descriptor that names it, and lazily a descriptor open
-/// for I/O (read-write for files, read-only for directories).
+/// One cached object: an `O_PATH` descriptor that names it, lazily a descriptor open for
+/// I/O (read-write for files, read-only for directories), and the group commit that
+/// concurrent stable writes, COMMITs and directory changes share.
 pub struct CachedObject {
     pub path_fd: OwnedFd,
     pub io_fd: Mutex<Option<Arc<OwnedFd>>>,
+    pub sync: SyncGroup,
 }
 
 impl CachedObject {
     pub fn new(path_fd: OwnedFd) -> Self {
-        Self { path_fd, io_fd: Mutex::new(None) }
+        Self { path_fd, io_fd: Mutex::new(None), sync: SyncGroup::default() }
     }
 }
 

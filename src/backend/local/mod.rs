@@ -8,11 +8,14 @@
 
 mod cache;
 pub mod creds;
+mod sync;
 mod sys;
 
 use crate::vfs::*;
 use cache::{CachedObject, ObjectCache};
 use std::ffi::CString;
+use std::sync::atomic::{AtomicBool, Ordering};
+use sync::SyncKind;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -40,6 +43,8 @@ pub struct LocalFs {
     sync: bool,
     verifier: [u8; 8],
     cache: ObjectCache,
+    /// The file system refused `RWF_NOWAIT` for a buffered write: stop asking.
+    no_nowait_writes: AtomicBool,
 }
 
 const R: u32 = 4;
@@ -111,6 +116,7 @@ impl LocalFs {
             sync: cfg.sync,
             verifier,
             cache: ObjectCache::new(cfg.cache_capacity),
+            no_nowait_writes: AtomicBool::new(false),
         })
     }
 
@@ -218,13 +224,42 @@ impl LocalFs {
         Ok((id, attr))
     }
 
-    /// In `sync` mode, makes a directory's changed entries durable.
+    /// In `sync` mode, makes a directory's changed entries durable; concurrent changes to
+    /// one directory share the `fsync`.
     fn commit_dir(&self, cred: &Cred, dir: &CachedObject, attr: &Attr) -> VfsResult<()> {
         if self.sync {
-            let fd = self.io_fd(cred, dir, attr)?;
-            sys::fsync(&fd)?;
+            self.make_durable(cred, dir, attr, SyncKind::Full)?;
         }
         Ok(())
+    }
+
+    /// Makes everything written to `obj` so far durable, sharing the flush with concurrent
+    /// callers (group commit).
+    fn make_durable(&self, cred: &Cred, obj: &CachedObject, attr: &Attr, kind: SyncKind) -> VfsResult<()> {
+        let fd = self.io_fd(cred, obj, attr)?;
+        obj.sync.sync(kind, |kind| match kind {
+            SyncKind::Data => sys::fdatasync(&fd),
+            SyncKind::Full => sys::fsync(&fd),
+        })
+    }
+
+    /// An UNSTABLE write on a thread that must not wait for the disk.
+    fn write_nowait(&self, fd: &OwnedFd, data: &[u8], offset: u64, size: u64) -> VfsResult<usize> {
+        if !self.no_nowait_writes.load(Ordering::Relaxed) {
+            match sys::pwrite_nowait(fd, data, offset)? {
+                Some(n) => return Ok(n),
+                None => self.no_nowait_writes.store(true, Ordering::Relaxed),
+            }
+        }
+        // Without RWF_NOWAIT: a buffered write of whole pages, or past the end of the file,
+        // only fills the page cache; a partial page may first have to be read from disk.
+        const PAGE: u64 = 4096;
+        let whole_pages = offset % PAGE == 0 && data.len() as u64 % PAGE == 0;
+        if whole_pages || offset >= size {
+            sys::pwrite(fd, data, offset, 0)
+        } else {
+            Err(VfsError::WouldBlock)
+        }
     }
 
     fn dir_wcc(&self, dir: &CachedObject, before: &Attr) -> Wcc {
@@ -323,7 +358,7 @@ impl Vfs for LocalFs {
         }
         self.apply_attrs(&obj.path_fd, before.kind, &SetAttrs { size: None, ..attrs.clone() })?;
         if self.sync && matches!(before.kind, FileKind::Regular | FileKind::Directory) {
-            sys::fsync(&*self.io_fd(cred, &obj, &before)?)?;
+            self.make_durable(cred, &obj, &before, SyncKind::Full)?;
         }
         Ok(Wcc { before: Some(PreOpAttr::from(&before)), after: self.stat(&obj).ok() })
     }
@@ -359,7 +394,7 @@ impl Vfs for LocalFs {
         Ok((sys::readlinkat(obj.path_fd.as_raw_fd())?, attr))
     }
 
-    fn read(&self, cred: &Cred, id: &ObjectId, offset: u64, buf: &mut [u8]) -> VfsResult<ReadResult> {
+    fn read(&self, cred: &Cred, id: &ObjectId, offset: u64, buf: &mut [u8], blocking: Blocking) -> VfsResult<ReadResult> {
         let (obj, attr) = self.resolve(cred, id)?;
         match attr.kind {
             FileKind::Regular => {}
@@ -370,12 +405,21 @@ impl Vfs for LocalFs {
             return Err(VfsError::Access);
         }
         let fd = self.io_fd(cred, &obj, &attr)?;
-        let count = if offset >= attr.size { 0 } else { sys::pread(&fd, buf, offset)? };
+        let nowait = blocking == Blocking::Forbidden;
+        let count = if offset >= attr.size { 0 } else { sys::pread(&fd, buf, offset, nowait)? };
         let eof = offset.saturating_add(count as u64) >= attr.size;
         Ok(ReadResult { count, eof, attr })
     }
 
-    fn write(&self, cred: &Cred, id: &ObjectId, offset: u64, data: &[u8], stable: Stability) -> VfsResult<WriteResult> {
+    fn write(
+        &self,
+        cred: &Cred,
+        id: &ObjectId,
+        offset: u64,
+        data: &[u8],
+        stable: Stability,
+        blocking: Blocking,
+    ) -> VfsResult<WriteResult> {
         let (obj, before) = self.resolve(cred, id)?;
         match before.kind {
             FileKind::Regular => {}
@@ -388,21 +432,28 @@ impl Vfs for LocalFs {
         if offset.checked_add(data.len() as u64).map_or(true, |end| end > i64::MAX as u64) {
             return Err(VfsError::FBig);
         }
+        // In an `async` export every write is reported stable without waiting for the disk.
+        let committed = if self.sync { stable } else { Stability::FileSync };
+        let needs_sync = self.sync && stable != Stability::Unstable;
+        if needs_sync && blocking == Blocking::Forbidden {
+            return Err(VfsError::WouldBlock);
+        }
         let fd = self.io_fd(cred, &obj, &before)?;
-        let (flags, committed) = match (self.sync, stable) {
-            (false, _) => (0, Stability::FileSync),
-            (true, Stability::Unstable) => (0, Stability::Unstable),
-            (true, Stability::DataSync) => (libc::RWF_DSYNC, Stability::DataSync),
-            (true, Stability::FileSync) => (libc::RWF_SYNC, Stability::FileSync),
+        let count = match blocking {
+            Blocking::Forbidden => self.write_nowait(&fd, data, offset, before.size)?,
+            Blocking::Allowed => sys::pwrite(&fd, data, offset, 0)?,
         };
-        let count = sys::pwrite(&fd, data, offset, flags)?;
+        if needs_sync {
+            let kind = if stable == Stability::FileSync { SyncKind::Full } else { SyncKind::Data };
+            self.make_durable(cred, &obj, &before, kind)?;
+        }
         Ok(WriteResult { count, committed, wcc: Wcc { before: Some(PreOpAttr::from(&before)), after: self.stat(&obj).ok() } })
     }
 
     fn commit(&self, cred: &Cred, id: &ObjectId, _offset: u64, _count: u64) -> VfsResult<Wcc> {
         let (obj, before) = self.resolve(cred, id)?;
         if self.sync && before.kind == FileKind::Regular {
-            sys::fdatasync(&*self.io_fd(cred, &obj, &before)?)?;
+            self.make_durable(cred, &obj, &before, SyncKind::Full)?;
         }
         Ok(Wcc { before: Some(PreOpAttr::from(&before)), after: self.stat(&obj).ok() })
     }

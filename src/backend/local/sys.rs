@@ -140,18 +140,21 @@ pub fn attr_from_stat(st: &libc::stat, fsid: u64) -> Attr {
     }
 }
 
-pub fn pread(fd: &OwnedFd, buf: &mut [u8], offset: u64) -> VfsResult<usize> {
+/// Reads until `buf` is full or the file ends. With `nowait`, data that is not in the page
+/// cache fails the whole read with `WouldBlock` instead of waiting for the disk.
+pub fn pread(fd: &OwnedFd, buf: &mut [u8], offset: u64, nowait: bool) -> VfsResult<usize> {
+    let flags = if nowait { libc::RWF_NOWAIT } else { 0 };
     let mut done = 0;
     while done < buf.len() {
-        // SAFETY: the slice bounds the write.
-        let n = unsafe {
-            libc::pread(fd.as_raw_fd(), buf[done..].as_mut_ptr().cast(), buf.len() - done, (offset + done as u64) as i64)
-        };
+        let iov = libc::iovec { iov_base: buf[done..].as_mut_ptr().cast(), iov_len: buf.len() - done };
+        // SAFETY: one valid iovec over the unfilled rest of `buf`.
+        let n = unsafe { libc::preadv2(fd.as_raw_fd(), &iov, 1, (offset + done as u64) as i64, flags) };
         if n < 0 {
-            if errno() == libc::EINTR {
-                continue;
+            match errno() {
+                libc::EINTR => continue,
+                libc::EAGAIN if nowait => return Err(VfsError::WouldBlock),
+                _ => return Err(last_err()),
             }
-            return Err(last_err());
         }
         if n == 0 {
             break;
@@ -159,6 +162,25 @@ pub fn pread(fd: &OwnedFd, buf: &mut [u8], offset: u64) -> VfsResult<usize> {
         done += n as usize;
     }
     Ok(done)
+}
+
+/// One buffered write that must not wait for the disk. `Ok(None)`: the file system cannot
+/// promise that (no `RWF_NOWAIT` for buffered writes). A short count is possible.
+pub fn pwrite_nowait(fd: &OwnedFd, data: &[u8], offset: u64) -> VfsResult<Option<usize>> {
+    let iov = libc::iovec { iov_base: data.as_ptr() as *mut _, iov_len: data.len() };
+    loop {
+        // SAFETY: one valid iovec over `data`.
+        let n = unsafe { libc::pwritev2(fd.as_raw_fd(), &iov, 1, offset as i64, libc::RWF_NOWAIT) };
+        if n >= 0 {
+            return Ok(Some(n as usize));
+        }
+        match errno() {
+            libc::EINTR => continue,
+            libc::EAGAIN => return Err(VfsError::WouldBlock),
+            libc::EOPNOTSUPP => return Ok(None),
+            _ => return Err(last_err()),
+        }
+    }
 }
 
 /// Writes all of `data`; `flags` may carry RWF_DSYNC or RWF_SYNC to make it durable in the
