@@ -277,6 +277,14 @@ pub struct FioRun {
     pub result: FioResult,
 }
 
+/// fio ran far past its time: its client is waiting for a reply that will not come.
+#[derive(Debug, thiserror::Error)]
+#[error("fio timed out after {seconds}s: {command}")]
+pub struct Stuck {
+    pub seconds: u64,
+    pub command: String,
+}
+
 /// Run fio; fails on a non-zero exit, missing JSON or job errors.
 pub fn run(fio: &Path, args: &[String], timeout_s: u64) -> Result<FioRun> {
     let child = spawn(fio, args)?;
@@ -315,7 +323,7 @@ pub fn wait(mut child: std::process::Child, args: &[String], timeout_s: u64) -> 
         if std::time::Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            bail!("fio timed out after {timeout_s}s: {}", shell_join(args));
+            return Err(Stuck { seconds: timeout_s, command: shell_join(args) }.into());
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     };

@@ -291,6 +291,20 @@ pub fn blocks(r: &Results, old: Option<&Results>, plots: &[(String, String)]) ->
         b.push(Block::Heading(2, "Failed runs".into()));
         b.push(Block::Table { header: vec!["job".into(), "target".into(), "error".into()], rows: errors });
     }
+    let repeated: Vec<Vec<String>> = r
+        .jobs
+        .iter()
+        .flat_map(|j| j.runs.iter().filter(|m| m.stuck_retries > 0).map(move |m| vec![j.job.name.clone(), m.target.clone(), m.stuck_retries.to_string()]))
+        .collect();
+    if !repeated.is_empty() {
+        b.push(Block::Heading(2, "Runs repeated".into()));
+        b.push(Block::Para(
+            "fio was stopped and started again when it ran far past its time, its libnfs client waiting for replies \
+             (seen with 1 MiB READs against nasd and Ganesha alike); the figures are from the run that completed."
+                .into(),
+        ));
+        b.push(Block::Table { header: vec!["job".into(), "target".into(), "stuck runs repeated".into()], rows: repeated });
+    }
     b.push(Block::Heading(2, "Exact command lines".into()));
     b.push(Block::Para("Raw fio JSON of every run is in raw/, all figures in results.json.".into()));
     let mut text = String::new();

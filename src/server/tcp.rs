@@ -363,3 +363,90 @@ async fn drain_replies(sink: Arc<ReplySink>, timeout: Duration, peer: SocketAddr
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    /// A framed test reply: record mark, its id, then `len` copies of the id's low byte.
+    fn reply(id: u32, len: usize) -> Vec<u8> {
+        let mut v = (0x8000_0000u32 | (4 + len) as u32).to_be_bytes().to_vec();
+        v.extend_from_slice(&id.to_be_bytes());
+        v.resize(8 + len, id as u8);
+        v
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_replies_reach_a_slow_reader_whole_and_once() {
+        const THREADS: u32 = 6;
+        const EACH: u32 = 150;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        // The client reads slowly through a small buffer, so the socket keeps filling up
+        // and sending keeps passing between submitting threads and the writer task.
+        let client = std::thread::spawn(move || {
+            let s = socket_with_small_buffers(addr);
+            let mut s = std::io::BufReader::new(s);
+            let mut seen = std::collections::HashSet::new();
+            for n in 0..THREADS * EACH {
+                if n % 16 == 0 {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let mut mark = [0u8; 4];
+                s.read_exact(&mut mark).unwrap();
+                let len = (u32::from_be_bytes(mark) & 0x7fff_ffff) as usize;
+                let mut body = vec![0u8; len];
+                s.read_exact(&mut body).unwrap();
+                let id = u32::from_be_bytes(body[..4].try_into().unwrap());
+                assert!(body[4..].iter().all(|&b| b == id as u8), "reply {id} arrived mixed with other bytes");
+                assert!(seen.insert(id), "reply {id} arrived twice");
+            }
+            seen.len()
+        });
+        let (server, _) = listener.accept().await.unwrap();
+        let (_rd, wr) = server.into_split();
+        let sink = Arc::new(ReplySink::new(wr));
+        let writer = tokio::spawn(drain_replies(sink.clone(), Duration::from_secs(30), addr));
+        let slots = Arc::new(Semaphore::new(Semaphore::MAX_PERMITS));
+        let submitters: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (sink, slots) = (sink.clone(), slots.clone());
+                std::thread::spawn(move || {
+                    for i in 0..EACH {
+                        let id = t * EACH + i;
+                        let len = [16, 3000, 70_000, 200_000][(id % 4) as usize];
+                        let slot = || slots.clone().try_acquire_owned().unwrap();
+                        let out = Outgoing { reply: Arc::new(reply(id, len)), sent: 0, _slots: (slot(), slot()) };
+                        sink.submit([out]);
+                    }
+                })
+            })
+            .collect();
+        for s in submitters {
+            s.join().unwrap();
+        }
+        let received = tokio::task::spawn_blocking(move || client.join().unwrap()).await.unwrap();
+        assert_eq!(received, (THREADS * EACH) as usize);
+        sink.close();
+        writer.await.unwrap();
+    }
+
+    fn socket_with_small_buffers(addr: SocketAddr) -> std::net::TcpStream {
+        let s = std::net::TcpStream::connect(addr).unwrap();
+        // Not below the loopback MSS (64 KiB): a window that can never open to one segment
+        // leaves the sender to zero-window probes, which back off to seconds.
+        let size: libc::c_int = 128 * 1024;
+        // SAFETY: setsockopt with a valid int option.
+        unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUF,
+                (&size as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as u32,
+            );
+        }
+        s
+    }
+}

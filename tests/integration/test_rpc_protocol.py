@@ -2,7 +2,9 @@
 driven by the raw client in rig/rpc.py."""
 
 import os
+import socket
 import struct
+import time
 import sys
 from pathlib import Path
 
@@ -281,6 +283,49 @@ def test_pipelined_calls_all_answered(srv, work):
             got[r.xid] = decode_result(xids[r.xid][0], r)
     assert all(r.ok for r in got.values())
     assert sorted(os.listdir(d)) == names[1::2]
+
+
+def test_pipelined_large_and_small_reads_survive_a_slow_reader(srv, work):
+    """128 pipelined READs (1 MiB and 4 KiB) and WRITEs on one connection whose client
+    reads slowly through a small receive buffer, so replies leave in batches that only
+    partly fit the socket, while FILE_SYNC writes finish on worker threads and queue their
+    replies in between: every reply must arrive once, whole and correct."""
+    d, dfh = work
+    data = os.urandom(4 << 20)
+    (d / "big").write_bytes(data)
+    rng = __import__("random").Random(7)
+    with Nfs3Client(srv.host, srv.port, cred=ROOT) as c:
+        fh = c.lookup(dfh, "big").fh
+        c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+        wire, calls = [], {}
+        for i in range(128):
+            if i % 4 == 3:
+                off = (4 << 20) + i * 4096  # past the data: never read back here
+                stable = "file_sync" if i % 8 == 3 else "unstable"
+                xid, msg = c.build(NFS_PROG, 3, rpc.NFSPROC3_WRITE, nfs3_args.write(fh, off, b"w" * 4096, stable))
+                calls[xid] = (rpc.NFSPROC3_WRITE, off, 4096)
+            else:
+                count = (1 << 20) if i % 2 else 4096
+                off = rng.randrange(0, len(data) - count)
+                xid, msg = c.build(NFS_PROG, 3, rpc.NFSPROC3_READ, nfs3_args.read(fh, off, count))
+                calls[xid] = (rpc.NFSPROC3_READ, off, count)
+            wire.append(frame(msg))
+        sender = __import__("threading").Thread(target=c.send_raw, args=(b"".join(wire),))
+        sender.start()
+        got = set()
+        while len(got) < len(calls):
+            time.sleep(0.002)
+            r = c.recv_reply(timeout=30)
+            assert r.xid in calls and r.xid not in got, f"unexpected or duplicate reply xid {r.xid}"
+            got.add(r.xid)
+            proc, off, count = calls[r.xid]
+            res = decode_result(proc, r)
+            assert res.ok, f"{proc} at {off}: status {res.status}"
+            if proc == rpc.NFSPROC3_READ:
+                assert res.count == count and res.data == data[off:off + count], f"READ at {off} returned wrong data"
+            else:
+                assert res.count == count
+        sender.join()
 
 
 # ------------------------------------------------------------ exclusive create
