@@ -18,6 +18,8 @@ pub struct Config {
     pub metrics: Option<SocketAddr>,
     /// exports(5) file.
     pub exports: Option<PathBuf>,
+    /// How long to poll a busy connection for its next request before sleeping (0: never).
+    pub busy_poll_us: u64,
     pub limits: Limits,
 }
 
@@ -50,6 +52,7 @@ impl Default for Config {
             state_dir: None,
             metrics: None,
             exports: None,
+            busy_poll_us: 50,
             limits: Limits::default(),
         }
     }

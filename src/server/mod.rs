@@ -3,9 +3,11 @@
 mod config;
 mod metrics_http;
 pub mod state;
+mod busy_poll;
 mod tcp;
 mod udp;
 
+use busy_poll::BusyPoll;
 pub use config::{Config, Limits};
 
 use crate::backend::local::{creds, LocalConfig, LocalFs};
@@ -34,6 +36,7 @@ pub(crate) struct Shared {
     pub record_limits: RecordLimits,
     /// Requests in flight across all connections.
     pub global_requests: Arc<Semaphore>,
+    pub busy_poll: BusyPoll,
 }
 
 /// A bound server, ready to run.
@@ -130,6 +133,7 @@ impl Server {
             limits: config.limits.clone(),
             record_limits: RecordLimits { max_record: config.limits.max_record_bytes, max_fragments: 1024 },
             global_requests: Arc::new(Semaphore::new(config.limits.max_requests_in_flight)),
+            busy_poll: BusyPoll::new(std::time::Duration::from_micros(config.busy_poll_us)),
         });
         Ok(Server { shared, state, tcp, udp, metrics_listener, local_addr })
     }

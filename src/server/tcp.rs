@@ -26,7 +26,7 @@ use std::os::fd::AsRawFd;
 use std::pin::pin;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, BufReader, Interest};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
@@ -267,6 +267,8 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
     // promptly (a slowloris client must not keep slots for the idle timeout).
     let request_deadline = Duration::from_secs(shared.limits.write_timeout_secs).min(idle);
     let mut batch = Batch { sink: &sink, replies: Vec::new(), bytes: 0 };
+    // How long the client took to send its next request the last time we had to wait.
+    let mut last_wait: Option<Duration> = None;
     let result = loop {
         // Take both slots before reading, so a connection cannot read more requests than
         // it may run: this is the back-pressure that bounds memory.
@@ -274,6 +276,12 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
         // But take the global slot only once the next record has begun to arrive: an idle
         // connection must not hold a slot every other client needs (otherwise
         // max_requests_in_flight idle connections stop the server for everyone).
+        let wait_started = rd.buffer().is_empty().then(|| {
+            batch.flush();
+            let started = Instant::now();
+            shared.busy_poll.poll_readable(rd.get_ref().as_ref().as_raw_fd(), last_wait);
+            started
+        });
         let waited = batch
             .flush_before_waiting(async {
                 tokio::select! {
@@ -288,6 +296,9 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
             Some(Ok(Err(e))) => break Err(e.into()),
             Some(Ok(Ok(true))) => break Ok(()),
             Some(Ok(Ok(false))) => {}
+        }
+        if let Some(started) = wait_started {
+            last_wait = Some(started.elapsed());
         }
         let global_slot =
             batch.flush_before_waiting(shared.global_requests.clone().acquire_owned()).await.expect("never closed");
