@@ -168,7 +168,8 @@ fn rpc_record() {
             max_fragments: 1 + (sel >> 2) as usize,
         };
         rt.block_on(async {
-            let mut r = stream;
+            // Small and large read buffers: records then straddle buffered and direct reads.
+            let mut r = tokio::io::BufReader::with_capacity([4usize, 64, 8192][sel as usize % 3], stream);
             let mut buf = Vec::new();
             while let Ok(true) = read_record(&mut r, &limits, &mut buf).await {
                 assert!(buf.len() <= limits.max_record);

@@ -19,7 +19,8 @@ fuzz_target!(|data: &[u8]| {
     };
     RT.with(|rt| {
         rt.borrow().block_on(async {
-            let mut r = stream;
+            // Small and large read buffers: records then straddle buffered and direct reads.
+            let mut r = tokio::io::BufReader::with_capacity([4usize, 64, 8192][sel as usize % 3], stream);
             let mut buf = Vec::new();
             let mut records = 0usize;
             loop {

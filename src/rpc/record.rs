@@ -7,7 +7,7 @@
 
 use crate::xdr::XdrWriter;
 use thiserror::Error;
-use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 
 const LAST_FRAGMENT: u32 = 0x8000_0000;
 /// Buffer growth step while receiving a fragment.
@@ -39,9 +39,10 @@ pub enum RecordError {
 }
 
 /// Reads one whole record into `buf` (cleared first). Returns `Ok(false)` on a clean end
-/// of stream between records.
+/// of stream between records. Small records come out of the reader's buffer (many per
+/// `read` syscall); the rest of a large one is read straight from the stream into `buf`.
 pub async fn read_record<R: AsyncRead + Unpin>(
-    r: &mut R,
+    r: &mut BufReader<R>,
     limits: &RecordLimits,
     buf: &mut Vec<u8>,
 ) -> Result<bool, RecordError> {
@@ -64,15 +65,23 @@ pub async fn read_record<R: AsyncRead + Unpin>(
         if total > limits.max_record {
             return Err(RecordError::TooLarge { size: total, max: limits.max_record });
         }
-        let mut need = len;
-        while need > 0 {
-            let step = need.min(READ_CHUNK);
-            let start = buf.len();
-            buf.resize(start + step, 0);
-            if read_full(r, &mut buf[start..]).await? != step {
+        let end = buf.len() + len;
+        while buf.len() < end {
+            let want = end - buf.len();
+            let buffered = r.buffer();
+            if !buffered.is_empty() {
+                let n = buffered.len().min(want);
+                buf.extend_from_slice(&buffered[..n]);
+                r.consume(n);
+                continue;
+            }
+            // Nothing buffered: read into the record's spare capacity (no copy through the
+            // reader's buffer, no zero-filling), growing it only as bytes arrive.
+            let step = want.min(READ_CHUNK);
+            buf.reserve_exact(step);
+            if r.get_mut().take(step as u64).read_buf(buf).await? == 0 {
                 return Err(RecordError::Truncated);
             }
-            need -= step;
         }
         if mark & LAST_FRAGMENT != 0 {
             return Ok(true);
@@ -119,7 +128,8 @@ mod tests {
     }
 
     async fn read_all(stream: &[u8], limits: RecordLimits) -> Result<Vec<Vec<u8>>, RecordError> {
-        let mut r = stream;
+        // A tiny buffer, so records span the buffered and the direct read paths.
+        let mut r = BufReader::with_capacity(3, stream);
         let mut out = Vec::new();
         let mut buf = Vec::new();
         while read_record(&mut r, &limits, &mut buf).await? {
