@@ -372,6 +372,7 @@ fn fsinfo(state: &ServerState, ctx: &CallContext, fh: &[u8], out: &mut XdrWriter
     let adm = admit(state, ctx, fh, ATTR)?;
     let attr = adm.rt.vfs.getattr(&adm.cred, &adm.obj).map_err(fail(ATTR))?;
     put_post_op_attr(out, Some(&attr));
+    let max_file_size = adm.rt.vfs.pathconf().max_file_size;
     let io = max_io(ctx);
     out.u32(io); // rtmax
     out.u32(io); // rtpref
@@ -379,8 +380,8 @@ fn fsinfo(state: &ServerState, ctx: &CallContext, fh: &[u8], out: &mut XdrWriter
     out.u32(io); // wtmax
     out.u32(io); // wtpref
     out.u32(4096); // wtmult
-    out.u32(64 * 1024); // dtpref
-    out.u64(i64::MAX as u64); // maxfilesize
+    out.u32(io.min(64 * 1024)); // dtpref
+    out.u64(max_file_size);
     out.u32(0); // time_delta: nanosecond timestamps
     out.u32(1);
     out.u32(FSF_LINK | FSF_SYMLINK | FSF_HOMOGENEOUS | FSF_CANSETTIME);

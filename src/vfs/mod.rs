@@ -239,6 +239,8 @@ pub struct PathConf {
     pub chown_restricted: bool,
     pub case_insensitive: bool,
     pub case_preserving: bool,
+    /// Largest file the file system can hold, in bytes.
+    pub max_file_size: u64,
 }
 
 /// A storage backend. Every method runs with `cred`'s permissions.

@@ -84,6 +84,15 @@ NF3REG, NF3DIR, NF3BLK, NF3CHR, NF3LNK, NF3SOCK, NF3FIFO = range(1, 8)
 # stable_how
 UNSTABLE, DATA_SYNC, FILE_SYNC = 0, 1, 2
 _STABLE = {"unstable": UNSTABLE, "data_sync": DATA_SYNC, "file_sync": FILE_SYNC}
+# ACCESS3 bits (RFC 1813 section 3.3.4)
+ACCESS3_READ, ACCESS3_LOOKUP, ACCESS3_MODIFY, ACCESS3_EXTEND, ACCESS3_DELETE, ACCESS3_EXECUTE = (
+    0x01, 0x02, 0x04, 0x08, 0x10, 0x20)
+ACCESS3_ALL = 0x3F
+# FSINFO properties
+FSF3_LINK, FSF3_SYMLINK, FSF3_HOMOGENEOUS, FSF3_CANSETTIME = 0x1, 0x2, 0x8, 0x10
+# portmap v2 procedures / protocols
+PMAPPROC_NULL, PMAPPROC_SET, PMAPPROC_UNSET, PMAPPROC_GETPORT, PMAPPROC_DUMP = range(5)
+IPPROTO_TCP, IPPROTO_UDP = 6, 17
 # createmode3
 UNCHECKED, GUARDED, EXCLUSIVE = 0, 1, 2
 _CREATEMODE = {"unchecked": UNCHECKED, "guarded": GUARDED, "exclusive": EXCLUSIVE}
@@ -507,6 +516,21 @@ class nfs3_args:
         return nfs3_args.diropargs(dirfh, name) + Packer().u32(NF3FIFO).bytes() + nfs3_args.sattr(mode=mode)
 
     @staticmethod
+    def mknod(dirfh, name, ftype, mode=0o644, rdev=(0, 0)) -> bytes:
+        """MKNOD of any ftype3: devices (NF3CHR/NF3BLK) carry sattr3 + specdata3,
+        sockets and FIFOs sattr3 only, other types nothing (the server says BADTYPE)."""
+        p = Packer().raw(nfs3_args.diropargs(dirfh, name)).u32(ftype)
+        if ftype in (NF3CHR, NF3BLK):
+            p.raw(nfs3_args.sattr(mode=mode)).u32(rdev[0]).u32(rdev[1])
+        elif ftype in (NF3SOCK, NF3FIFO):
+            p.raw(nfs3_args.sattr(mode=mode))
+        return p.bytes()
+
+    @staticmethod
+    def access(fh, mask=ACCESS3_ALL) -> bytes:
+        return Packer().opaque(fh).u32(mask).bytes()
+
+    @staticmethod
     def write(fh, offset, data: bytes, stable="file_sync") -> bytes:
         s = _STABLE[stable] if isinstance(stable, str) else stable
         return Packer().opaque(fh).u64(offset).u32(len(data)).u32(s).opaque(data).bytes()
@@ -610,6 +634,30 @@ def decode_result(proc: int, reply: Reply, mount: bool = False) -> NfsResult:
                 cookie = u.u64()
                 entries.append((fileid, name.decode(errors="surrogateescape"), cookie))
             f["entries"], f["eof"] = entries, u.bool()
+    elif proc == NFSPROC3_ACCESS:
+        f["attr"] = _post_op_attr(u)
+        if ok:
+            f["access"] = u.u32()
+    elif proc == NFSPROC3_FSSTAT:
+        f["attr"] = _post_op_attr(u)
+        if ok:
+            for k in ("tbytes", "fbytes", "abytes", "tfiles", "ffiles", "afiles"):
+                f[k] = u.u64()
+            f["invarsec"] = u.u32()
+    elif proc == NFSPROC3_FSINFO:
+        f["attr"] = _post_op_attr(u)
+        if ok:
+            for k in ("rtmax", "rtpref", "rtmult", "wtmax", "wtpref", "wtmult", "dtpref"):
+                f[k] = u.u32()
+            f["maxfilesize"] = u.u64()
+            f["time_delta"] = (u.u32(), u.u32())
+            f["properties"] = u.u32()
+    elif proc == NFSPROC3_PATHCONF:
+        f["attr"] = _post_op_attr(u)
+        if ok:
+            f["linkmax"], f["name_max"] = u.u32(), u.u32()
+            for k in ("no_trunc", "chown_restricted", "case_insensitive", "case_preserving"):
+                f[k] = u.bool()
     elif proc == NFSPROC3_COMMIT:
         f["wcc"] = _wcc(u)
         if ok:
@@ -619,6 +667,40 @@ def decode_result(proc: int, reply: Reply, mount: bool = False) -> NfsResult:
         if ok:
             f["target"] = u.opaque().decode(errors="surrogateescape")
     return NfsResult(st, reply, f)
+
+
+def decode_mountlist(reply: Reply) -> list:
+    """MOUNTPROC3_DUMP results: [(hostname, directory), ...]."""
+    if not reply.success:
+        raise RpcError(f"RPC call not successful: {reply}", reply)
+    u, out = reply.unpacker(), []
+    while u.bool():
+        out.append((u.opaque().decode(errors="surrogateescape"), u.opaque().decode(errors="surrogateescape")))
+    return out
+
+
+def decode_exports(reply: Reply) -> list:
+    """MOUNTPROC3_EXPORT results: [(directory, [group, ...]), ...]."""
+    if not reply.success:
+        raise RpcError(f"RPC call not successful: {reply}", reply)
+    u, out = reply.unpacker(), []
+    while u.bool():
+        d = u.opaque().decode(errors="surrogateescape")
+        groups = []
+        while u.bool():
+            groups.append(u.opaque().decode(errors="surrogateescape"))
+        out.append((d, groups))
+    return out
+
+
+def decode_pmaplist(reply: Reply) -> list:
+    """PMAPPROC_DUMP (portmap v2) results: [(prog, vers, prot, port), ...]."""
+    if not reply.success:
+        raise RpcError(f"RPC call not successful: {reply}", reply)
+    u, out = reply.unpacker(), []
+    while u.bool():
+        out.append((u.u32(), u.u32(), u.u32(), u.u32()))
+    return out
 
 
 class Nfs3Client(RpcClient):
@@ -698,3 +780,33 @@ class Nfs3Client(RpcClient):
 
     def commit(self, fh, offset=0, count=0, **kw):
         return self.nfs(NFSPROC3_COMMIT, nfs3_args.commit(fh, offset, count), **kw)
+
+    def access(self, fh, mask=ACCESS3_ALL, **kw):
+        return self.nfs(NFSPROC3_ACCESS, nfs3_args.access(fh, mask), **kw)
+
+    def mknod(self, dirfh, name, ftype, mode=0o644, rdev=(0, 0), **kw):
+        return self.nfs(NFSPROC3_MKNOD, nfs3_args.mknod(dirfh, name, ftype, mode, rdev), **kw)
+
+    def fsstat(self, fh, **kw):
+        return self.nfs(NFSPROC3_FSSTAT, nfs3_args.fh(fh), **kw)
+
+    def fsinfo(self, fh, **kw):
+        return self.nfs(NFSPROC3_FSINFO, nfs3_args.fh(fh), **kw)
+
+    def pathconf(self, fh, **kw):
+        return self.nfs(NFSPROC3_PATHCONF, nfs3_args.fh(fh), **kw)
+
+    # -- MOUNT v3 besides MNT -------------------------------------------
+    def mount_dump(self) -> list:
+        """MOUNTPROC3_DUMP: [(hostname, directory), ...]."""
+        return decode_mountlist(self.call(MOUNT_PROG, MOUNT_V3, MOUNTPROC_DUMP))
+
+    def umnt(self, path) -> Reply:
+        return self.call(MOUNT_PROG, MOUNT_V3, MOUNTPROC_UMNT, nfs3_args.mnt(path))
+
+    def umntall(self) -> Reply:
+        return self.call(MOUNT_PROG, MOUNT_V3, MOUNTPROC_UMNTALL)
+
+    def mount_export(self) -> list:
+        """MOUNTPROC3_EXPORT: [(directory, [group, ...]), ...]."""
+        return decode_exports(self.call(MOUNT_PROG, MOUNT_V3, MOUNTPROC_EXPORT))

@@ -45,6 +45,7 @@ pub struct LocalFs {
     cache: ObjectCache,
     /// The file system refused `RWF_NOWAIT` for a buffered write: stop asking.
     no_nowait_writes: AtomicBool,
+    max_file_size: u64,
 }
 
 const R: u32 = 4;
@@ -106,6 +107,7 @@ impl LocalFs {
         })?;
         let mut verifier = [0u8; 8];
         rand::Rng::fill(&mut rand::thread_rng(), &mut verifier);
+        let max_file_size = sys::max_file_size(root_fd.as_raw_fd());
         Ok(Self {
             root_fd,
             root_id,
@@ -117,6 +119,7 @@ impl LocalFs {
             verifier,
             cache: ObjectCache::new(cfg.cache_capacity),
             no_nowait_writes: AtomicBool::new(false),
+            max_file_size,
         })
     }
 
@@ -374,7 +377,9 @@ impl Vfs for LocalFs {
         if may(cred, &attr, R) {
             granted |= access::READ;
         }
-        if may(cred, &attr, W) {
+        // Changing a directory's entries needs search permission as well as write.
+        let change = if attr.kind == FileKind::Directory { W | X } else { W };
+        if may(cred, &attr, change) {
             granted |= access::MODIFY | access::EXTEND;
             if attr.kind == FileKind::Directory {
                 granted |= access::DELETE;
@@ -638,8 +643,9 @@ impl Vfs for LocalFs {
         accept: &mut dyn FnMut(DirEntry<'_>) -> bool,
     ) -> VfsResult<ReadDirEnd> {
         let (dobj, dattr) = self.resolve_dir(cred, dir)?;
-        // Opened as the caller so the kernel checks read permission on the directory.
-        let fd = sys::openat(dobj.path_fd.as_raw_fd(), &CString::new(".").expect("no NUL"), libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+        // Opened as the caller so the kernel checks read permission on the directory (and
+        // through /proc, so listing does not also need search permission, as with ".").
+        let fd = sys::openat(libc::AT_FDCWD, &sys::proc_fd_path(dobj.path_fd.as_raw_fd()), libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
         if cookie != 0 {
             sys::lseek_set(&fd, cookie).map_err(|_| VfsError::BadCookie)?;
         }
@@ -691,6 +697,7 @@ impl Vfs for LocalFs {
             chown_restricted: true,
             case_insensitive: false,
             case_preserving: true,
+            max_file_size: self.max_file_size,
         }
     }
 

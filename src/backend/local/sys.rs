@@ -315,3 +315,26 @@ pub fn readlinkat(fd: RawFd) -> VfsResult<Vec<u8>> {
     buf.truncate(n as usize);
     Ok(buf)
 }
+
+/// The largest size a file in directory `dir` may have, found by growing an unnamed
+/// temporary file (sparse; nothing is written). `i64::MAX` when that cannot be tried (a
+/// read-only file system, no `O_TMPFILE`).
+pub fn max_file_size(dir: RawFd) -> u64 {
+    let Ok(file) = openat(dir, &CString::from(c"."), libc::O_TMPFILE | libc::O_RDWR, 0o600) else { return i64::MAX as u64 };
+    // SAFETY: plain syscall on an owned fd.
+    let fits = |size: u64| unsafe { libc::ftruncate(file.as_raw_fd(), size as i64) } == 0;
+    let (mut lo, mut hi) = (0u64, i64::MAX as u64);
+    if fits(hi) {
+        return hi;
+    }
+    // Invariant: `lo` fits, `hi` does not.
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}

@@ -1,0 +1,164 @@
+"""MOUNT v3 DUMP / UMNT / UMNTALL / EXPORT and the embedded portmapper's DUMP and
+GETPORT, driven by the raw client in rig/rpc.py."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `import rig`
+
+from rig.nasd import Nasd, free_port  # noqa: E402
+from rig import rpc  # noqa: E402
+from rig.rpc import (Nfs3Client, RpcClient, Packer, decode_pmaplist, NFS_PROG, MOUNT_PROG,  # noqa: E402
+                     PMAP_PROG, IPPROTO_TCP, IPPROTO_UDP)
+from integration._common import ROOT, make_export, write_exports  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    export = make_export(tmp_path_factory.mktemp("mount"))
+    (export / "sub" / "deeper").mkdir(parents=True)
+    with Nasd(export, args=["--no-root-squash"]) as n:
+        yield n
+
+
+def _mine(srv, ip):
+    """This client address's entries in the server's mount list."""
+    with Nfs3Client(srv.host, srv.port, src_addr="127.0.0.1", cred=ROOT) as c:
+        return sorted(d for h, d in c.mount_dump() if h == ip)
+
+
+# ------------------------------------------------------------ DUMP / UMNT / UMNTALL
+
+def test_dump_lists_mount_until_umnt(srv):
+    ip = "127.0.0.3"
+    exp = srv.export_dir
+    sub = exp + "/sub"
+    assert _mine(srv, ip) == []
+    with Nfs3Client(srv.host, srv.port, src_addr=ip, cred=ROOT) as c:
+        assert c.mnt(exp).status == rpc.MNT3_OK
+        assert c.mount_dump().count((ip, exp)) == 1
+        assert c.mnt(sub).status == rpc.MNT3_OK
+        assert c.mnt(exp).status == rpc.MNT3_OK   # mounting again lists it once
+        assert sorted(d for h, d in c.mount_dump() if h == ip) == sorted([exp, sub])
+        r = c.umnt(exp)
+        assert r.success and r.results == b"", "UMNT returns void"
+        assert _mine(srv, ip) == [sub]
+        assert c.umnt(sub).success
+    assert _mine(srv, ip) == []
+
+
+def test_dump_seen_over_udp_and_from_other_clients(srv):
+    ip = "127.0.0.6"
+    with Nfs3Client(srv.host, srv.port, proto="udp", src_addr=ip, cred=ROOT) as c:
+        assert c.mnt(srv.export_dir).status == rpc.MNT3_OK
+    try:
+        # a different client sees it too (DUMP is the server-wide list), over TCP and UDP
+        for proto in ("tcp", "udp"):
+            with Nfs3Client(srv.host, srv.port, proto=proto, src_addr="127.0.0.7", cred=ROOT) as other:
+                assert (ip, srv.export_dir) in other.mount_dump()
+                other.umnt(srv.export_dir)   # UMNT of someone else's mount does nothing
+        assert _mine(srv, ip) == [srv.export_dir]
+    finally:
+        with Nfs3Client(srv.host, srv.port, src_addr=ip, cred=ROOT) as c:
+            c.umnt(srv.export_dir)
+    assert _mine(srv, ip) == []
+
+
+def test_umntall_clears_only_the_callers_mounts(srv):
+    a, b = "127.0.0.4", "127.0.0.5"
+    for ip in (a, b):
+        with Nfs3Client(srv.host, srv.port, src_addr=ip, cred=ROOT) as c:
+            assert c.mnt(srv.export_dir).status == rpc.MNT3_OK
+            assert c.mnt(srv.export_dir + "/sub/deeper").status == rpc.MNT3_OK
+    assert len(_mine(srv, a)) == 2 and len(_mine(srv, b)) == 2
+    with Nfs3Client(srv.host, srv.port, src_addr=a, cred=ROOT) as c:
+        r = c.umntall()
+        assert r.success and r.results == b""
+    assert _mine(srv, a) == []
+    assert _mine(srv, b) == sorted([srv.export_dir, srv.export_dir + "/sub/deeper"])
+    with Nfs3Client(srv.host, srv.port, src_addr=b, cred=ROOT) as c:
+        assert c.umntall().success
+    assert _mine(srv, b) == []
+
+
+def test_refused_mount_is_not_listed(srv):
+    ip = "127.0.0.8"
+    with Nfs3Client(srv.host, srv.port, src_addr=ip, cred=ROOT) as c:
+        assert c.mnt(srv.export_dir + "/missing").status == rpc.MNT3ERR_NOENT
+        assert c.mnt("/not/an/export").status != rpc.MNT3_OK
+    assert _mine(srv, ip) == []
+
+
+# ------------------------------------------------------------ EXPORT
+
+def test_export_lists_the_export_path(srv):
+    with Nfs3Client(srv.host, srv.port, cred=ROOT) as c:
+        exports = c.mount_export()
+    assert exports == [(os.path.realpath(srv.export_dir), ["*"])]
+
+
+def test_export_lists_every_export_of_an_exports_file(tmp_path):
+    e1 = make_export(tmp_path, "one")
+    e2 = make_export(tmp_path, "two")
+    ex = write_exports(tmp_path, [
+        f"{e1} 127.0.0.1(rw,insecure) 10.1.0.0/16(ro)",
+        f"{e2} *(ro,insecure)",
+    ])
+    with Nasd(exports_file=ex) as n, Nfs3Client(n.host, n.port, cred=ROOT) as c:
+        got = dict(c.mount_export())
+        # EXPORT over UDP gives the same list
+        with Nfs3Client(n.host, n.port, proto="udp", cred=ROOT) as uc:
+            assert dict(uc.mount_export()) == got
+    assert set(got) == {os.path.realpath(e1), os.path.realpath(e2)}
+    assert got[os.path.realpath(e1)] == ["127.0.0.1", "10.1.0.0/16"]
+    assert got[os.path.realpath(e2)] == ["*"]
+
+
+# ------------------------------------------------------------ portmap
+
+@pytest.fixture(scope="module")
+def pmap_srv(tmp_path_factory):
+    export = make_export(tmp_path_factory.mktemp("pmap"))
+    pport = free_port()
+    with Nasd(export, args=["--portmap", "--portmap-port", str(pport), "--no-root-squash"]) as n:
+        n.pmap_port = pport
+        yield n
+
+
+@pytest.mark.parametrize("proto", ["tcp", "udp"])
+def test_portmap_v2_dump_lists_nfs_and_mount(pmap_srv, proto):
+    n = pmap_srv
+    with RpcClient(n.host, n.pmap_port, proto=proto) as c:
+        maps = decode_pmaplist(c.call(PMAP_PROG, 2, rpc.PMAPPROC_DUMP))
+    assert len(maps) == len(set(maps)), f"duplicate mappings: {maps}"
+    for prot in (IPPROTO_TCP, IPPROTO_UDP):
+        assert (NFS_PROG, 3, prot, n.port) in maps, maps
+        assert (MOUNT_PROG, 3, prot, n.port) in maps, maps
+        assert (PMAP_PROG, 2, prot, n.pmap_port) in maps, maps
+    # nothing that is not served: NFS and MOUNT only in version 3, and always on nasd's port
+    for prog, vers, prot, port in maps:
+        assert prot in (IPPROTO_TCP, IPPROTO_UDP)
+        if prog in (NFS_PROG, MOUNT_PROG):
+            assert (vers, port) == (3, n.port), (prog, vers, prot, port)
+        else:
+            assert prog == PMAP_PROG and port == n.pmap_port
+
+
+def test_portmap_getport_and_the_advertised_port_works(pmap_srv):
+    n = pmap_srv
+    with RpcClient(n.host, n.pmap_port) as c:
+        def getport(prog, vers, prot):
+            r = c.call(PMAP_PROG, 2, rpc.PMAPPROC_GETPORT, Packer().u32(prog).u32(vers).u32(prot).u32(0).bytes())
+            assert r.success
+            return r.unpacker().u32()
+        assert getport(NFS_PROG, 3, IPPROTO_TCP) == n.port
+        assert getport(MOUNT_PROG, 3, IPPROTO_UDP) == n.port
+        assert getport(NFS_PROG, 4, IPPROTO_TCP) == 0
+        assert getport(100021, 4, IPPROTO_TCP) == 0   # NLM is not served
+        port = getport(MOUNT_PROG, 3, IPPROTO_TCP)
+    with Nfs3Client(n.host, port, cred=ROOT) as m:
+        root = m.root(n.export_dir)
+        assert m.getattr(root).ok
