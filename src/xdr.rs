@@ -5,6 +5,7 @@
 //! actually remaining *before* anything is allocated or sliced, so a hostile length can
 //! never cause a large allocation or a panic.
 
+use crate::vfs::FileRange;
 use thiserror::Error;
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -104,19 +105,22 @@ impl<'a> XdrReader<'a> {
 }
 
 /// Reply builder. Replies are assembled in a single `Vec<u8>` that starts with room for the
-/// RPC record mark, so the transport writes each reply with one syscall.
+/// RPC record mark, so the transport writes each reply with one syscall. The last item may
+/// be an opaque whose bytes stay in a file ([`XdrWriter::opaque_from_file`]).
 #[derive(Debug, Default)]
 pub struct XdrWriter {
     buf: Vec<u8>,
+    /// Bytes that follow `buf` on the wire, sent from the file, then their padding.
+    file: Option<FileRange>,
 }
 
 impl XdrWriter {
     pub fn new() -> Self {
-        Self { buf: Vec::with_capacity(256) }
+        Self::with_capacity(256)
     }
 
     pub fn with_capacity(n: usize) -> Self {
-        Self { buf: Vec::with_capacity(n) }
+        Self { buf: Vec::with_capacity(n), file: None }
     }
 
     pub fn len(&self) -> usize {
@@ -128,11 +132,33 @@ impl XdrWriter {
     }
 
     pub fn truncate(&mut self, len: usize) {
+        if len < self.buf.len() {
+            // Whatever followed the cut, a file opaque included, is gone.
+            self.file = None;
+        }
         self.buf.truncate(len);
     }
 
     pub fn into_inner(self) -> Vec<u8> {
+        debug_assert!(self.file.is_none(), "into_inner would drop a file opaque");
         self.buf
+    }
+
+    /// The encoded bytes and the file range that follows them, if any.
+    pub fn into_parts(self) -> (Vec<u8>, Option<FileRange>) {
+        (self.buf, self.file)
+    }
+
+    /// Appends an opaque whose bytes are sent from `range` by the transport; it must be
+    /// the last item written.
+    pub fn opaque_from_file(&mut self, range: FileRange) {
+        self.u32(range.len as u32);
+        self.file = Some(range);
+    }
+
+    /// Bytes on the wire: the encoded ones plus a file opaque and its padding.
+    pub fn wire_len(&self) -> usize {
+        self.buf.len() + self.file.as_ref().map_or(0, |f| pad4(f.len))
     }
 
     pub fn as_slice(&self) -> &[u8] {
@@ -140,6 +166,7 @@ impl XdrWriter {
     }
 
     pub fn u32(&mut self, v: u32) {
+        debug_assert!(self.file.is_none(), "nothing may follow a file opaque");
         self.buf.extend_from_slice(&v.to_be_bytes());
     }
 

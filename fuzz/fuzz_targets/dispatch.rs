@@ -115,8 +115,8 @@ fuzz_target!(|data: &[u8]| {
             Handled::NeedsThread => w.dispatcher.handle(&rec, peer, local, Transport::Tcp),
         };
         if let Some(reply) = reply {
-            assert!(reply.len() >= 4);
-            let mark = u32::from_be_bytes(reply[..4].try_into().unwrap());
+            assert!(reply.bytes.len() >= 4);
+            let mark = u32::from_be_bytes(reply.bytes[..4].try_into().unwrap());
             assert_eq!((mark & 0x7fff_ffff) as usize, reply.len() - 4);
         }
     }

@@ -53,6 +53,8 @@ impl FioShape {
             if self.ramp > 0 {
                 a.push(format!("--ramp_time={}", self.ramp));
             }
+            // A report every second: the figures survive a client that hangs on its way out.
+            a.push("--status-interval=1".into());
         }
         if self.randrepeat0 {
             a.push("--randrepeat=0".into());
@@ -218,10 +220,13 @@ impl FioResult {
 
 /// Extract fio's JSON document from output polluted by engine noise (the nfs engine
 /// prints lines like `Failed NFS operation(code:-14)` on the same stdout).
+/// The last JSON document in fio's output (with `--status-interval`, fio prints one per
+/// interval and the final report last), skipping any non-JSON lines.
 pub fn extract_json(text: &str) -> Result<serde_json::Value> {
     let lines: Vec<&str> = text.lines().collect();
+    // First without lines that cannot be fio JSON (libnfs prints into it), then as is.
     for attempt in 0..2 {
-        let kept: Vec<&str> = if attempt == 0 {
+        let kept: Vec<&str> = if attempt == 1 {
             lines.clone()
         } else {
             lines
@@ -232,13 +237,18 @@ pub fn extract_json(text: &str) -> Result<serde_json::Value> {
         };
         if let Some(i) = kept.iter().position(|l| l.starts_with('{')) {
             let blob = kept[i..].join("\n");
-            let mut de = serde_json::Deserializer::from_str(&blob).into_iter::<serde_json::Value>();
-            if let Some(Ok(v)) = de.next() {
+            let docs = serde_json::Deserializer::from_str(&blob).into_iter::<serde_json::Value>();
+            if let Some(v) = docs.map_while(Result::ok).last() {
                 return Ok(v);
             }
         }
     }
     bail!("no JSON document in fio output")
+}
+
+/// Seconds of measurement a report covers (the longest job).
+pub fn covered_seconds(v: &serde_json::Value) -> f64 {
+    v["jobs"].as_array().into_iter().flatten().filter_map(|j| j["job_runtime"].as_f64()).fold(0.0, f64::max) / 1000.0
 }
 
 fn dir_stats(j: &serde_json::Value) -> DirStats {
@@ -275,6 +285,10 @@ pub struct FioRun {
     pub json: serde_json::Value,
     pub raw: String,
     pub result: FioResult,
+    /// fio measured its full time but then hung on its way out (libnfs waiting for a
+    /// reply on a connection it had torn down): the figures are from its last status
+    /// report, covering this many seconds.
+    pub hung_at_exit: Option<f64>,
 }
 
 /// fio ran far past its time: its client is waiting for a reply that will not come.
@@ -285,10 +299,34 @@ pub struct Stuck {
     pub command: String,
 }
 
+/// When to give up on a fio process.
+#[derive(Clone, Copy, Debug)]
+pub struct Deadlines {
+    /// Seconds the job measures (runtime + ramp); 0 for size-based jobs.
+    pub measures: u64,
+    /// Seconds allowed after measuring to finish and report, before fio is taken to hang
+    /// on its way out.
+    pub exit_grace: u64,
+    /// Seconds after which fio is stuck.
+    pub stuck: u64,
+}
+
+impl Deadlines {
+    /// A job that measures for `measures` seconds.
+    pub fn time_based(measures: u64, stuck: u64) -> Self {
+        Self { measures, exit_grace: 15, stuck }
+    }
+
+    /// A job that ends when its size is done.
+    pub fn size_based(stuck: u64) -> Self {
+        Self { measures: 0, exit_grace: 0, stuck }
+    }
+}
+
 /// Run fio; fails on a non-zero exit, missing JSON or job errors.
-pub fn run(fio: &Path, args: &[String], timeout_s: u64) -> Result<FioRun> {
+pub fn run(fio: &Path, args: &[String], deadlines: Deadlines) -> Result<FioRun> {
     let child = spawn(fio, args)?;
-    wait(child, args, timeout_s)
+    wait(child, args, deadlines)
 }
 
 pub fn spawn(fio: &Path, args: &[String]) -> Result<std::process::Child> {
@@ -301,36 +339,60 @@ pub fn spawn(fio: &Path, args: &[String]) -> Result<std::process::Child> {
         .with_context(|| format!("running {}", fio.display()))
 }
 
-pub fn wait(mut child: std::process::Child, args: &[String], timeout_s: u64) -> Result<FioRun> {
+pub fn wait(mut child: std::process::Child, args: &[String], deadlines: Deadlines) -> Result<FioRun> {
     use std::io::Read;
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
     let mut so = child.stdout.take().unwrap();
     let mut se = child.stderr.take().unwrap();
-    let t_out = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = so.read_to_string(&mut s);
-        s
-    });
+    // stdout is collected as it comes, so status reports can be read while fio runs.
+    let out = Arc::new(Mutex::new(String::new()));
+    let t_out = {
+        let out = out.clone();
+        std::thread::spawn(move || {
+            let mut chunk = vec![0u8; 64 * 1024];
+            while let Ok(n) = so.read(&mut chunk) {
+                if n == 0 {
+                    break;
+                }
+                out.lock().unwrap().push_str(&String::from_utf8_lossy(&chunk[..n]));
+            }
+        })
+    };
     let t_err = std::thread::spawn(move || {
         let mut s = String::new();
         let _ = se.read_to_string(&mut s);
         s
     });
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(timeout_s);
+    let started = Instant::now();
+    let hung_after = (deadlines.measures > 0).then(|| Duration::from_secs(deadlines.measures + deadlines.exit_grace));
+    let mut hung_at_exit = None;
     let status = loop {
         if let Some(st) = child.try_wait()? {
-            break st;
+            break Some(st);
         }
-        if std::time::Instant::now() > deadline {
+        let elapsed = started.elapsed();
+        if hung_after.is_some_and(|t| elapsed > t) {
+            let report = extract_json(&out.lock().unwrap()).ok();
+            if let Some(covered) = report.map(|r| covered_seconds(&r)).filter(|&c| c * 2.0 >= deadlines.measures as f64) {
+                let _ = child.kill();
+                let _ = child.wait();
+                hung_at_exit = Some(covered);
+                break None;
+            }
+        }
+        if elapsed > Duration::from_secs(deadlines.stuck) {
             let _ = child.kill();
             let _ = child.wait();
-            return Err(Stuck { seconds: timeout_s, command: shell_join(args) }.into());
+            return Err(Stuck { seconds: deadlines.stuck, command: shell_join(args) }.into());
         }
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(50));
     };
-    let out = t_out.join().unwrap_or_default();
+    let _ = t_out.join();
+    let out = std::mem::take(&mut *out.lock().unwrap());
     let err = t_err.join().unwrap_or_default();
     let tail = |s: &str| s.chars().rev().take(2000).collect::<Vec<_>>().into_iter().rev().collect::<String>();
-    if !status.success() {
+    if let Some(status) = status.filter(|s| !s.success()) {
         bail!("fio failed ({status}): {}\n{}\n{}", shell_join(args), tail(&err), tail(&out));
     }
     let json = extract_json(&out).with_context(|| format!("fio: {}\n{}", shell_join(args), tail(&err)))?;
@@ -338,7 +400,7 @@ pub fn wait(mut child: std::process::Child, args: &[String], timeout_s: u64) -> 
     if result.errors > 0 {
         bail!("fio job error(s) {}: {}\n{}", result.errors, shell_join(args), tail(&err));
     }
-    Ok(FioRun { json, raw: out, result })
+    Ok(FioRun { json, raw: out, result, hung_at_exit })
 }
 
 /// `fio --version`.
@@ -409,6 +471,46 @@ Failed NFS operation(code:-14)
     }
 
     #[test]
+    fn the_last_of_several_reports_counts() {
+        let early = SAMPLE.replace("\"total_ios\" : 1000", "\"total_ios\" : 10");
+        let both = format!("{early}\n{SAMPLE}");
+        assert_eq!(parse_result(&extract_json(&both).unwrap()).unwrap().read.ios, 1000);
+        assert_eq!(parse_result(&extract_json(&early).unwrap()).unwrap().read.ios, 10);
+    }
+
+    /// A stand-in for fio that prints one status report and then hangs, as fio does when
+    /// libnfs waits forever during teardown.
+    fn hanging_fio(dir: &Path, covered_ms: u64) -> std::path::PathBuf {
+        let report = SAMPLE.replace("\"jobname\"", &format!("\"job_runtime\" : {covered_ms},\n      \"jobname\""));
+        let json = dir.join("report.json");
+        std::fs::write(&json, report).unwrap();
+        let script = dir.join("fio");
+        std::fs::write(&script, format!("#!/bin/sh\ncat {}\nexec sleep 60\n", json.display())).unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        script
+    }
+
+    #[test]
+    fn a_hang_after_measuring_keeps_the_last_report() {
+        let dir = tempfile::tempdir().unwrap();
+        let fio = hanging_fio(dir.path(), 1000);
+        let t = std::time::Instant::now();
+        let run = run(&fio, &[], Deadlines { measures: 1, exit_grace: 0, stuck: 30 }).unwrap();
+        assert!(t.elapsed() < std::time::Duration::from_secs(20));
+        assert_eq!(run.hung_at_exit, Some(1.0));
+        assert_eq!(run.result.read.ios, 1000);
+    }
+
+    #[test]
+    fn a_hang_before_measuring_enough_is_stuck() {
+        let dir = tempfile::tempdir().unwrap();
+        // Covers 0.2 s of a 2 s job: not enough to stand for the job.
+        let fio = hanging_fio(dir.path(), 200);
+        let err = run(&fio, &[], Deadlines { measures: 2, exit_grace: 0, stuck: 4 }).err().expect("stuck");
+        assert!(err.is::<Stuck>(), "{err:#}");
+    }
+
+    #[test]
     fn aggregate_adds_throughput_and_weights_latency() {
         let a = FioResult { read: DirStats { ios: 100, iops: 10.0, bw_bytes: 1.0, lat_mean_us: 10.0, lat_p50_us: 10.0, lat_p99_us: 20.0, lat_p999_us: 30.0 }, ..Default::default() };
         let b = FioResult { read: DirStats { ios: 300, iops: 30.0, bw_bytes: 3.0, lat_mean_us: 20.0, lat_p50_us: 20.0, lat_p99_us: 40.0, lat_p999_us: 50.0 }, ..Default::default() };
@@ -424,7 +526,7 @@ Failed NFS operation(code:-14)
         let shape = FioShape { rw: "randrw".into(), bs: 16384, iodepth: 16, rwmixread: Some(75), size: 64 << 20, runtime: 5, ramp: 1, randrepeat0: true, file: "bench.dat".into() };
         let a = command_line(&shape, "j", &Engine::Nfs { url: "nfs://127.0.0.1/x?nfsport=1&mountport=1&version=3".into() });
         let s = shell_join(&a);
-        assert!(s.contains("--bs=16k --iodepth=16 --size=64m --rwmixread=75 --time_based=1 --runtime=5 --ramp_time=1 --randrepeat=0"), "{s}");
+        assert!(s.contains("--bs=16k --iodepth=16 --size=64m --rwmixread=75 --time_based=1 --runtime=5 --ramp_time=1 --status-interval=1 --randrepeat=0"), "{s}");
         assert!(s.contains("'--nfs_url=nfs://127.0.0.1/x?nfsport=1&mountport=1&version=3'"), "{s}");
         assert!(s.ends_with("--filename=bench.dat"), "{s}");
         let l = layout_command("f", 1 << 20, &Engine::Local { engine: "psync".into(), dir: "/d".into() });

@@ -28,7 +28,7 @@ pub fn pick_engine(fio_bin: &Path, dir: &Path) -> String {
             "--size=1m".into(),
             format!("--filename={}", probe.display()),
         ];
-        let ok = fio::run(fio_bin, &args, 60).is_ok();
+        let ok = fio::run(fio_bin, &args, fio::Deadlines::size_based(60)).is_ok();
         let _ = std::fs::remove_file(&probe);
         if ok {
             return e.to_string();

@@ -69,6 +69,9 @@ pub struct Measurement {
     /// Runs given up as stuck and started again before the one that counts.
     #[serde(default)]
     pub stuck_retries: u32,
+    /// fio hung on its way out after measuring; the figures cover this many seconds.
+    #[serde(default)]
+    pub hung_at_exit: Option<f64>,
     pub seconds: f64,
 }
 
@@ -230,7 +233,7 @@ impl Runner {
             return Ok(());
         }
         let args = fio::layout_command(file, size, &t.engine);
-        fio::run(&self.fio, &args, 600).with_context(|| format!("laying out {file} on {}", t.name))?;
+        fio::run(&self.fio, &args, fio::Deadlines::size_based(600)).with_context(|| format!("laying out {file} on {}", t.name))?;
         self.laid_out.insert(key, size);
         Ok(())
     }
@@ -290,7 +293,7 @@ impl Runner {
                 let args = fio::command_line(s, &slug(&job.name), &t.engine);
                 m.commands.push(format!("fio {}", fio::shell_join(&args)));
                 let run = loop {
-                    match fio::run(&self.fio, &args, fio_timeout(s)) {
+                    match fio::run(&self.fio, &args, deadlines(s)) {
                         // libnfs (4.0) now and then never completes its last 1 MiB READs,
                         // against any server: run it again rather than lose the figure.
                         Err(e) if e.is::<fio::Stuck>() && m.stuck_retries < STUCK_RETRIES => {
@@ -301,6 +304,7 @@ impl Runner {
                     }
                 };
                 self.save_raw(&tag(""), &run.raw);
+                m.hung_at_exit = run.hung_at_exit;
                 m.fio = Some(run.result);
             }
             JobKind::Iozone { op, shape } => {
@@ -311,7 +315,7 @@ impl Runner {
                 }
                 let args = fio::command_line(shape, op, &t.engine);
                 m.commands.push(format!("fio {}", fio::shell_join(&args)));
-                let run = fio::run(&self.fio, &args, 1800)?;
+                let run = fio::run(&self.fio, &args, fio::Deadlines::size_based(1800))?;
                 self.save_raw(&tag(""), &run.raw);
                 m.fio = Some(run.result);
                 self.laid_out.insert((t.name.clone(), shape.file.clone()), shape.size);
@@ -337,9 +341,12 @@ impl Runner {
                 let mut parts = Vec::new();
                 let mut first_err = None;
                 for (c, (child, (s, args))) in children.into_iter().zip(&argvs).enumerate() {
-                    match fio::wait(child, args, fio_timeout(s)) {
+                    match fio::wait(child, args, deadlines(s)) {
                         Ok(run) => {
                             self.save_raw(&tag(&format!("-c{c}")), &run.raw);
+                            if run.hung_at_exit.is_some() {
+                                m.hung_at_exit = run.hung_at_exit;
+                            }
                             parts.push(run.result);
                         }
                         Err(e) => {
@@ -389,11 +396,11 @@ impl Runner {
 
 /// A time-based job that runs much longer than asked is stuck (a client waiting for a
 /// reply that never comes): give up on it.
-fn fio_timeout(s: &fio::FioShape) -> u64 {
+fn deadlines(s: &fio::FioShape) -> fio::Deadlines {
     if s.runtime > 0 {
-        2 * (s.runtime + s.ramp) + 30
+        fio::Deadlines::time_based(s.runtime + s.ramp, 2 * (s.runtime + s.ramp) + 30)
     } else {
-        1800
+        fio::Deadlines::size_based(1800)
     }
 }
 

@@ -291,19 +291,33 @@ pub fn blocks(r: &Results, old: Option<&Results>, plots: &[(String, String)]) ->
         b.push(Block::Heading(2, "Failed runs".into()));
         b.push(Block::Table { header: vec!["job".into(), "target".into(), "error".into()], rows: errors });
     }
-    let repeated: Vec<Vec<String>> = r
+    let hangs: Vec<Vec<String>> = r
         .jobs
         .iter()
-        .flat_map(|j| j.runs.iter().filter(|m| m.stuck_retries > 0).map(move |m| vec![j.job.name.clone(), m.target.clone(), m.stuck_retries.to_string()]))
+        .flat_map(|j| {
+            j.runs.iter().filter(|m| m.stuck_retries > 0 || m.hung_at_exit.is_some()).map(move |m| {
+                vec![
+                    j.job.name.clone(),
+                    m.target.clone(),
+                    m.stuck_retries.to_string(),
+                    m.hung_at_exit.map_or("-".into(), |s| format!("{s:.1} s")),
+                ]
+            })
+        })
         .collect();
-    if !repeated.is_empty() {
-        b.push(Block::Heading(2, "Runs repeated".into()));
+    if !hangs.is_empty() {
+        b.push(Block::Heading(2, "Client hangs".into()));
         b.push(Block::Para(
-            "fio was stopped and started again when it ran far past its time, its libnfs client waiting for replies \
-             (seen with 1 MiB READs against nasd and Ganesha alike); the figures are from the run that completed."
+            "libnfs 4.0 can hang when fio tears a connection down with READ replies still arriving (it keeps the \
+             half-read reply and waits forever on the next connection), against any server. A run stuck before its \
+             end was started again; a run that hung on its way out was stopped, and its figures are from fio's last \
+             one-second status report, covering the time shown."
                 .into(),
         ));
-        b.push(Block::Table { header: vec!["job".into(), "target".into(), "stuck runs repeated".into()], rows: repeated });
+        b.push(Block::Table {
+            header: vec!["job".into(), "target".into(), "runs started again".into(), "figures from status report".into()],
+            rows: hangs,
+        });
     }
     b.push(Block::Heading(2, "Exact command lines".into()));
     b.push(Block::Para("Raw fio JSON of every run is in raw/, all figures in results.json.".into()));

@@ -4,7 +4,7 @@
 use super::drc::{DrcKey, DuplicateRequestCache, Lookup};
 use super::message::{self, AcceptError, HeaderError};
 use super::record::{begin_record, finish_record};
-use super::{CallContext, ProcError, RpcProgram, Transport};
+use super::{CallContext, ProcError, Reply, RpcProgram, Transport};
 use crate::metrics::Metrics;
 use crate::xdr::XdrReader;
 use std::net::SocketAddr;
@@ -15,7 +15,7 @@ use std::time::Instant;
 #[derive(Debug)]
 pub enum Handled {
     /// Finished: the framed reply to send, if any.
-    Done(Option<Arc<Vec<u8>>>),
+    Done(Option<Arc<Reply>>),
     /// Nothing was done: the call may wait for the disk and belongs on a thread that may.
     NeedsThread,
 }
@@ -44,7 +44,7 @@ impl Dispatcher {
     /// Handles one call on a thread that may wait for the disk. Returns the framed reply
     /// (record mark first; datagram transports skip those 4 bytes), or `None` when nothing
     /// must be sent.
-    pub fn handle(&self, record: &[u8], peer: SocketAddr, local: SocketAddr, transport: Transport) -> Option<Arc<Vec<u8>>> {
+    pub fn handle(&self, record: &[u8], peer: SocketAddr, local: SocketAddr, transport: Transport) -> Option<Arc<Reply>> {
         // With `may_block` no procedure asks for another thread.
         self.run_call(record, peer, local, transport, true).unwrap_or_default()
     }
@@ -66,7 +66,7 @@ impl Dispatcher {
         local: SocketAddr,
         transport: Transport,
         may_block: bool,
-    ) -> Result<Option<Arc<Vec<u8>>>, NeedsThread> {
+    ) -> Result<Option<Arc<Reply>>, NeedsThread> {
         let started = Instant::now();
         let mut r = XdrReader::new(record);
         let header = match message::decode_call(&mut r) {
@@ -171,7 +171,7 @@ impl Dispatcher {
         Ok(Some(reply))
     }
 
-    fn accept_error(xid: u32, err: AcceptError, versions: (u32, u32)) -> Arc<Vec<u8>> {
+    fn accept_error(xid: u32, err: AcceptError, versions: (u32, u32)) -> Arc<Reply> {
         let mut w = begin_record(40);
         message::encode_accept_error(&mut w, xid, err, versions);
         Arc::new(finish_record(w))

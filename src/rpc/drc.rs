@@ -3,6 +3,7 @@
 //! of running again. The key leaves out the client's port and connection, so a retransmit
 //! on a new connection after a reconnect is recognised too.
 
+use super::Reply;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
@@ -37,7 +38,7 @@ impl DrcKey {
 #[derive(Debug, Clone)]
 enum Entry {
     InProgress,
-    Done(Arc<Vec<u8>>),
+    Done(Arc<Reply>),
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -47,7 +48,7 @@ pub enum Lookup {
     /// The original is still running: drop this copy, the client will retransmit.
     InProgress,
     /// Already answered: send this framed reply again.
-    Replay(Arc<Vec<u8>>),
+    Replay(Arc<Reply>),
 }
 
 pub struct DuplicateRequestCache {
@@ -94,7 +95,7 @@ impl DuplicateRequestCache {
         }
     }
 
-    pub fn complete(&self, key: &DrcKey, reply: Arc<Vec<u8>>) {
+    pub fn complete(&self, key: &DrcKey, reply: Arc<Reply>) {
         let mut inner = self.inner.lock();
         if let Some(e) = inner.entries.get_mut(key) {
             *e = Entry::Done(reply);
@@ -126,6 +127,10 @@ impl DuplicateRequestCache {
 mod tests {
     use super::*;
 
+    fn reply(bytes: Vec<u8>) -> Arc<Reply> {
+        Arc::new(Reply { bytes, file: None })
+    }
+
     fn key(xid: u32, args: &[u8]) -> DrcKey {
         DrcKey::new("127.0.0.1".parse().unwrap(), xid, 100003, 3, 8, args)
     }
@@ -136,8 +141,8 @@ mod tests {
         let k = key(1, b"args");
         assert_eq!(drc.begin(&k), Lookup::New);
         assert_eq!(drc.begin(&k), Lookup::InProgress);
-        drc.complete(&k, Arc::new(vec![1, 2, 3]));
-        assert_eq!(drc.begin(&k), Lookup::Replay(Arc::new(vec![1, 2, 3])));
+        drc.complete(&k, reply(vec![1, 2, 3]));
+        assert_eq!(drc.begin(&k), Lookup::Replay(reply(vec![1, 2, 3])));
         assert_eq!(drc.hits(), 2);
         // Same XID, different arguments: a different call.
         assert_eq!(drc.begin(&key(1, b"other")), Lookup::New);
@@ -148,7 +153,7 @@ mod tests {
         let drc = DuplicateRequestCache::new(3);
         for x in 0..10 {
             assert_eq!(drc.begin(&key(x, b"a")), Lookup::New);
-            drc.complete(&key(x, b"a"), Arc::new(vec![x as u8]));
+            drc.complete(&key(x, b"a"), reply(vec![x as u8]));
         }
         assert_eq!(drc.len(), 3);
         assert_eq!(drc.begin(&key(0, b"a")), Lookup::New, "oldest evicted");

@@ -15,6 +15,24 @@ use std::net::SocketAddr;
 pub use auth::{AuthSys, Credential};
 pub use message::{AcceptError, AuthStat, CallHeader};
 
+/// A framed reply ready for the wire: `bytes` (record mark first), then, for a READ served
+/// from the page cache without copying, the bytes of `file` and their XDR padding.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Reply {
+    pub bytes: Vec<u8>,
+    pub file: Option<crate::vfs::FileRange>,
+}
+
+impl Reply {
+    pub fn len(&self) -> usize {
+        self.bytes.len() + self.file.as_ref().map_or(0, |f| crate::xdr::pad4(f.len))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// What a procedure sees of the call it is serving.
 #[derive(Debug, Clone)]
 pub struct CallContext {

@@ -5,6 +5,7 @@
 //! fragments, and grows its buffer only as data actually arrives, so an announced but
 //! never-sent fragment costs no memory.
 
+use super::Reply;
 use crate::xdr::XdrWriter;
 use thiserror::Error;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
@@ -110,11 +111,12 @@ pub fn begin_record(capacity: usize) -> XdrWriter {
 }
 
 /// Fills in the record mark of a buffer started with [`begin_record`], as a single
-/// last fragment.
-pub fn finish_record(mut w: XdrWriter) -> Vec<u8> {
-    let len = (w.len() - 4) as u32;
+/// last fragment (covering a file opaque at its end too).
+pub fn finish_record(mut w: XdrWriter) -> Reply {
+    let len = (w.wire_len() - 4) as u32;
     w.patch_u32(0, LAST_FRAGMENT | len);
-    w.into_inner()
+    let (bytes, file) = w.into_parts();
+    Reply { bytes, file }
 }
 
 #[cfg(test)]
@@ -170,6 +172,7 @@ mod tests {
         let mut w = begin_record(16);
         w.u32(5);
         let v = finish_record(w);
-        assert_eq!(v, vec![0x80, 0, 0, 4, 0, 0, 0, 5]);
+        assert_eq!(v.bytes, vec![0x80, 0, 0, 4, 0, 0, 0, 5]);
+        assert!(v.file.is_none());
     }
 }

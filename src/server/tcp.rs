@@ -17,12 +17,12 @@
 use super::Shared;
 use crate::rpc::dispatch::Handled;
 use crate::rpc::record::read_record;
-use crate::rpc::Transport;
+use crate::rpc::{Reply, Transport};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::pin::pin;
 use std::sync::Arc;
 use std::task::Poll;
@@ -39,10 +39,62 @@ const MAX_IOVECS: usize = 128;
 
 /// A reply on its way out, holding the request slots it used until it is written.
 struct Outgoing {
-    reply: Arc<Vec<u8>>,
+    reply: Arc<Reply>,
     /// Bytes already sent.
     sent: usize,
     _slots: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+}
+
+/// Zeros for XDR padding and for file data that vanished before it could be sent.
+static ZEROS: [u8; 4096] = [0; 4096];
+
+/// One stretch of a reply still to be sent. Raw pointers (into the reply, which the batch
+/// keeps alive) so the batch can be updated while the pieces are in use.
+#[derive(Clone, Copy)]
+enum Piece {
+    Bytes(libc::iovec),
+    File { fd: RawFd, offset: u64, len: usize },
+}
+
+impl Outgoing {
+    fn is_sent(&self) -> bool {
+        self.sent >= self.reply.len()
+    }
+
+    /// The unsent pieces in wire order: encoded bytes, file data, padding.
+    fn unsent_pieces(&self) -> impl Iterator<Item = Piece> {
+        let bytes = &self.reply.bytes;
+        let s = self.sent;
+        let mut pieces = [None; 3];
+        if s < bytes.len() {
+            pieces[0] = Some(Piece::Bytes(iovec(&bytes[s..])));
+        }
+        if let Some(f) = &self.reply.file {
+            let (start, end) = (bytes.len(), bytes.len() + f.len);
+            if s < end {
+                let from = s.max(start);
+                pieces[1] = Some(Piece::File { fd: f.fd.as_raw_fd(), offset: f.offset + (from - start) as u64, len: end - from });
+            }
+            let pad_end = self.reply.len();
+            if s < pad_end && end < pad_end {
+                pieces[2] = Some(Piece::Bytes(iovec(&ZEROS[s.max(end) - end..pad_end - end])));
+            }
+        }
+        pieces.into_iter().flatten()
+    }
+}
+
+fn iovec(b: &[u8]) -> libc::iovec {
+    libc::iovec { iov_base: b.as_ptr() as *mut _, iov_len: b.len() }
+}
+
+/// Records `n` bytes sent from the front of `batch`.
+fn credit(batch: &mut [Outgoing], mut n: usize) {
+    for o in batch.iter_mut() {
+        let take = n.min(o.reply.len() - o.sent);
+        o.sent += take;
+        n -= take;
+    }
 }
 
 #[derive(Default)]
@@ -115,7 +167,7 @@ impl ReplySink {
                 st.queue.drain(..n).collect()
             };
             let result = self.write_batch(&mut batch);
-            let unsent: Vec<Outgoing> = batch.into_iter().filter(|o| o.sent < o.reply.len()).collect();
+            let unsent: Vec<Outgoing> = batch.into_iter().filter(|o| !o.is_sent()).collect();
             match result {
                 Ok(()) if unsent.is_empty() => continue,
                 Ok(()) => {
@@ -137,50 +189,92 @@ impl ReplySink {
         }
     }
 
-    /// One `writev` of the unsent parts of `batch`, in order; advances each reply's
-    /// `sent`. `Ok` with bytes left over means the socket is full.
+    /// Sends the unsent parts of `batch`, in order: byte parts gathered into one `sendmsg`,
+    /// file parts (READ data) with `sendfile` straight from the page cache. Advances each
+    /// reply's `sent`; `Ok` with bytes left over means the socket is full.
     fn write_batch(&self, batch: &mut [Outgoing]) -> std::io::Result<()> {
-        let iov: Vec<libc::iovec> = batch
-            .iter()
-            .map(|o| libc::iovec { iov_base: o.reply[o.sent..].as_ptr() as *mut _, iov_len: o.reply.len() - o.sent })
-            .collect();
-        let fd = self.socket.as_ref().as_raw_fd();
-        loop {
-            // Through tokio, so a full socket clears the readiness the writer task waits on.
-            let r = self.socket.as_ref().try_io(Interest::WRITABLE, || {
-                let msg = libc::msghdr {
-                    msg_name: std::ptr::null_mut(),
-                    msg_namelen: 0,
-                    msg_iov: iov.as_ptr() as *mut _,
-                    msg_iovlen: iov.len(),
-                    msg_control: std::ptr::null_mut(),
-                    msg_controllen: 0,
-                    msg_flags: 0,
-                };
-                // SAFETY: the iovecs point into replies that `batch` keeps alive.
-                let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
-                if n < 0 {
-                    Err(std::io::Error::last_os_error())
-                } else {
-                    Ok(n as usize)
+        let mut iov: Vec<libc::iovec> = Vec::with_capacity(batch.len());
+        for i in 0..batch.len() {
+            for piece in batch[i].unsent_pieces() {
+                match piece {
+                    Piece::Bytes(v) => iov.push(v),
+                    Piece::File { fd, offset, len } => {
+                        if !iov.is_empty() {
+                            let want: usize = iov.iter().map(|v| v.iov_len).sum();
+                            // MSG_MORE: the header waits for the data it introduces.
+                            let n = self.send_iov(&iov, libc::MSG_MORE)?;
+                            credit(batch, n);
+                            if n < want {
+                                return Ok(());
+                            }
+                            iov.clear();
+                        }
+                        let n = self.send_file(fd, offset, len)?;
+                        batch[i].sent += n;
+                        if n < len {
+                            return Ok(());
+                        }
+                    }
                 }
+            }
+        }
+        if !iov.is_empty() {
+            let n = self.send_iov(&iov, 0)?;
+            credit(batch, n);
+        }
+        Ok(())
+    }
+
+    /// One non-blocking `sendmsg`; 0 when the socket is full. Goes through tokio, so a full
+    /// socket clears the readiness the writer task waits on.
+    fn send_iov(&self, iov: &[libc::iovec], flags: libc::c_int) -> std::io::Result<usize> {
+        let fd = self.socket.as_ref().as_raw_fd();
+        let sent = self.try_send(|| {
+            let msg = libc::msghdr {
+                msg_name: std::ptr::null_mut(),
+                msg_namelen: 0,
+                msg_iov: iov.as_ptr() as *mut _,
+                msg_iovlen: iov.len(),
+                msg_control: std::ptr::null_mut(),
+                msg_controllen: 0,
+                msg_flags: 0,
+            };
+            // SAFETY: the iovecs point into replies that the caller keeps alive.
+            unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT | flags) }
+        })?;
+        Ok(sent.unwrap_or(0))
+    }
+
+    /// Sends up to `len` bytes of a file at `offset`; 0 when the socket is full. A file cut
+    /// short since the READ (truncated meanwhile) is made up with zeros: the record's length
+    /// is already on the wire.
+    fn send_file(&self, file: RawFd, offset: u64, len: usize) -> std::io::Result<usize> {
+        let sock = self.socket.as_ref().as_raw_fd();
+        let mut off = offset as libc::off_t;
+        // SAFETY: plain syscall; `off` is a local the kernel advances.
+        match self.try_send(|| unsafe { libc::sendfile(sock, file, &mut off, len) })? {
+            None => Ok(0),
+            Some(0) if len > 0 => self.send_iov(&[iovec(&ZEROS[..len.min(ZEROS.len())])], 0),
+            Some(n) => Ok(n),
+        }
+    }
+
+    /// Runs one non-blocking send through tokio, so a full socket clears the readiness the
+    /// writer task waits on; retries on EINTR. `None`: the socket is full.
+    fn try_send(&self, mut send: impl FnMut() -> isize) -> std::io::Result<Option<usize>> {
+        loop {
+            let r = self.socket.as_ref().try_io(Interest::WRITABLE, || match send() {
+                n if n < 0 => Err(std::io::Error::last_os_error()),
+                n => Ok(n as usize),
             });
             match r {
-                Ok(mut n) => {
-                    for o in batch.iter_mut() {
-                        let take = n.min(o.reply.len() - o.sent);
-                        o.sent += take;
-                        n -= take;
-                    }
-                    return Ok(());
-                }
+                Ok(n) => return Ok(Some(n)),
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(None),
                 Err(e) => return Err(e),
             }
         }
     }
-
     fn close(&self) {
         self.state.lock().closed = true;
         self.wake_writer.notify_one();
@@ -380,24 +474,62 @@ mod tests {
     use super::*;
     use std::io::Read;
 
-    /// A framed test reply: record mark, its id, then `len` copies of the id's low byte.
-    fn reply(id: u32, len: usize) -> Vec<u8> {
-        let mut v = (0x8000_0000u32 | (4 + len) as u32).to_be_bytes().to_vec();
-        v.extend_from_slice(&id.to_be_bytes());
-        v.resize(8 + len, id as u8);
+    /// Every third test reply carries file data (unaligned, so padding follows it).
+    fn is_file_reply(id: u32) -> bool {
+        id % 3 == 0
+    }
+
+    fn payload_len(id: u32) -> usize {
+        [16, 3001, 70_002, 200_003][(id % 4) as usize]
+    }
+
+    /// Where in the test file the data of reply `id` starts.
+    fn file_offset(id: u32) -> usize {
+        (id as usize * 7919) % 4096
+    }
+
+    /// A test reply: record mark and id, then the payload: `payload_len` copies of the id's
+    /// low byte, or that many bytes of the file (plus XDR padding).
+    fn reply(id: u32, file: &Arc<std::os::fd::OwnedFd>) -> Reply {
+        let len = payload_len(id);
+        let wire = if is_file_reply(id) { crate::xdr::pad4(len) } else { len };
+        let mut bytes = (0x8000_0000u32 | (4 + wire) as u32).to_be_bytes().to_vec();
+        bytes.extend_from_slice(&id.to_be_bytes());
+        if !is_file_reply(id) {
+            bytes.resize(8 + len, id as u8);
+            return Reply { bytes, file: None };
+        }
+        let range = crate::vfs::FileRange { fd: file.clone(), offset: file_offset(id) as u64, len };
+        Reply { bytes, file: Some(range) }
+    }
+
+    /// The payload the client must see for reply `id`.
+    fn expected_payload(id: u32, file_data: &[u8]) -> Vec<u8> {
+        let len = payload_len(id);
+        if !is_file_reply(id) {
+            return vec![id as u8; len];
+        }
+        let mut v = file_data[file_offset(id)..file_offset(id) + len].to_vec();
+        v.resize(crate::xdr::pad4(len), 0);
         v
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_replies_reach_a_slow_reader_whole_and_once() {
+        // Byte replies and replies with file data (sendfile) mixed.
         const THREADS: u32 = 6;
         const EACH: u32 = 150;
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let file_data: Vec<u8> = (0..300_000u32).map(|i| (i * 31 % 251) as u8).collect();
+        let mut tmp = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut tmp, &file_data).unwrap();
+        let file = Arc::new(std::os::fd::OwnedFd::from(tmp));
         // The client reads slowly through a small buffer, so the socket keeps filling up
         // and sending keeps passing between submitting threads and the writer task.
         let client = std::thread::spawn(move || {
             let s = socket_with_small_buffers(addr);
+            let file_data = file_data;
             let mut s = std::io::BufReader::new(s);
             let mut seen = std::collections::HashSet::new();
             for n in 0..THREADS * EACH {
@@ -410,7 +542,7 @@ mod tests {
                 let mut body = vec![0u8; len];
                 s.read_exact(&mut body).unwrap();
                 let id = u32::from_be_bytes(body[..4].try_into().unwrap());
-                assert!(body[4..].iter().all(|&b| b == id as u8), "reply {id} arrived mixed with other bytes");
+                assert!(body[4..] == expected_payload(id, &file_data), "reply {id} arrived damaged or mixed with other bytes");
                 assert!(seen.insert(id), "reply {id} arrived twice");
             }
             seen.len()
@@ -422,13 +554,12 @@ mod tests {
         let slots = Arc::new(Semaphore::new(Semaphore::MAX_PERMITS));
         let submitters: Vec<_> = (0..THREADS)
             .map(|t| {
-                let (sink, slots) = (sink.clone(), slots.clone());
+                let (sink, slots, file) = (sink.clone(), slots.clone(), file.clone());
                 std::thread::spawn(move || {
                     for i in 0..EACH {
                         let id = t * EACH + i;
-                        let len = [16, 3000, 70_000, 200_000][(id % 4) as usize];
                         let slot = || slots.clone().try_acquire_owned().unwrap();
-                        let out = Outgoing { reply: Arc::new(reply(id, len)), sent: 0, _slots: (slot(), slot()) };
+                        let out = Outgoing { reply: Arc::new(reply(id, &file)), sent: 0, _slots: (slot(), slot()) };
                         sink.submit([out]);
                     }
                 })

@@ -28,9 +28,11 @@ pub(crate) async fn serve(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
         let socket = socket.clone();
         tokio::task::spawn_blocking(move || {
             if let Some(reply) = shared.dispatcher.handle(&buf, peer, local, Transport::Udp) {
-                // Datagrams carry no record mark.
-                let body = &reply[4..];
-                if body.len() > MAX_DATAGRAM {
+                // Datagrams carry no record mark; procedures never leave data in files for UDP.
+                let body = &reply.bytes[4..];
+                if reply.file.is_some() {
+                    tracing::error!(client = %peer, "reply with file data over UDP; dropped");
+                } else if body.len() > MAX_DATAGRAM {
                     tracing::warn!(client = %peer, bytes = body.len(), "reply too large for a datagram; dropped");
                 } else if let Err(e) = socket.try_send_to(body, peer) {
                     // UDP is best effort: the client retransmits.

@@ -204,6 +204,23 @@ pub struct WriteResult {
     pub wcc: Wcc,
 }
 
+/// Bytes of an open file that the transport sends straight from the page cache to the
+/// socket (no copy through a buffer), for READ replies served from memory.
+#[derive(Debug, Clone)]
+pub struct FileRange {
+    pub fd: std::sync::Arc<std::os::fd::OwnedFd>,
+    pub offset: u64,
+    pub len: usize,
+}
+
+impl PartialEq for FileRange {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.fd, &other.fd) && self.offset == other.offset && self.len == other.len
+    }
+}
+
+impl Eq for FileRange {}
+
 /// One directory entry handed to a READDIR consumer.
 #[derive(Debug, Clone)]
 pub struct DirEntry<'a> {
@@ -256,6 +273,12 @@ pub trait Vfs: Send + Sync {
     /// Reads into `buf` (its length is the requested count). With `Blocking::Forbidden` it
     /// either serves the whole range from memory or fails with `WouldBlock`.
     fn read(&self, cred: &Cred, obj: &ObjectId, offset: u64, buf: &mut [u8], blocking: Blocking) -> VfsResult<ReadResult>;
+    /// Like `read` with `Blocking::Forbidden`, but leaves the data where it is and returns the
+    /// file range to send, all of it in memory; `WouldBlock` when some of it is not.
+    /// `Ok(None)`: this backend or object cannot serve reads that way; use `read`.
+    fn read_in_place(&self, _cred: &Cred, _obj: &ObjectId, _offset: u64, _count: usize) -> VfsResult<Option<(ReadResult, FileRange)>> {
+        Ok(None)
+    }
     /// With `Blocking::Forbidden` it fails with `WouldBlock`, having changed nothing, when
     /// the write would wait for the disk (a stable write always does).
     fn write(

@@ -416,6 +416,27 @@ impl Vfs for LocalFs {
         Ok(ReadResult { count, eof, attr })
     }
 
+    fn read_in_place(&self, cred: &Cred, id: &ObjectId, offset: u64, count: usize) -> VfsResult<Option<(ReadResult, FileRange)>> {
+        let (obj, attr) = self.resolve(cred, id)?;
+        match attr.kind {
+            FileKind::Regular => {}
+            FileKind::Directory => return Err(VfsError::IsDir),
+            _ => return Err(VfsError::Inval),
+        }
+        if !may_io(cred, &attr, R) {
+            return Err(VfsError::Access);
+        }
+        let fd = self.io_fd(cred, &obj, &attr)?;
+        let len = attr.size.saturating_sub(offset).min(count as u64) as usize;
+        match sys::in_page_cache(&fd, offset, len) {
+            None => return Ok(None),
+            Some(false) => return Err(VfsError::WouldBlock),
+            Some(true) => {}
+        }
+        let eof = offset.saturating_add(len as u64) >= attr.size;
+        Ok(Some((ReadResult { count: len, eof, attr }, FileRange { fd, offset, len })))
+    }
+
     fn write(
         &self,
         cred: &Cred,

@@ -338,3 +338,34 @@ pub fn max_file_size(dir: RawFd) -> u64 {
     }
     lo
 }
+
+/// Whether all of `len` bytes at `offset` of the file are in the page cache (`cachestat`,
+/// Linux 6.5). `None` when the kernel cannot tell.
+pub fn in_page_cache(fd: &OwnedFd, offset: u64, len: usize) -> Option<bool> {
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Stat {
+        nr_cache: u64,
+        nr_dirty: u64,
+        nr_writeback: u64,
+        nr_evicted: u64,
+        nr_recently_evicted: u64,
+    }
+    const SYS_CACHESTAT: libc::c_long = 451;
+    const PAGE: u64 = 4096;
+    if len == 0 {
+        return Some(true);
+    }
+    let first = offset / PAGE;
+    let last = (offset + len as u64 - 1) / PAGE;
+    let range = Range { off: first * PAGE, len: (last - first + 1) * PAGE };
+    let mut stat = Stat::default();
+    // SAFETY: the kernel reads `range` and writes `stat`, both valid for the call.
+    let r = unsafe { libc::syscall(SYS_CACHESTAT, fd.as_raw_fd(), &range as *const Range, &mut stat as *mut Stat, 0) };
+    (r == 0).then_some(stat.nr_cache >= last - first + 1)
+}
