@@ -330,8 +330,12 @@ pub fn run(fio: &Path, args: &[String], deadlines: Deadlines) -> Result<FioRun> 
 }
 
 pub fn spawn(fio: &Path, args: &[String]) -> Result<std::process::Child> {
+    use std::os::unix::process::CommandExt;
     Command::new(fio)
         .args(args)
+        // Its own process group, so its job processes (which hold the output pipes) can be
+        // stopped with it.
+        .process_group(0)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -359,11 +363,15 @@ pub fn wait(mut child: std::process::Child, args: &[String], deadlines: Deadline
             }
         })
     };
-    let t_err = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = se.read_to_string(&mut s);
-        s
-    });
+    let err = Arc::new(Mutex::new(String::new()));
+    let t_err = {
+        let err = err.clone();
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = se.read_to_string(&mut s);
+            *err.lock().unwrap() = s;
+        })
+    };
     let started = Instant::now();
     let hung_after = (deadlines.measures > 0).then(|| Duration::from_secs(deadlines.measures + deadlines.exit_grace));
     let mut hung_at_exit = None;
@@ -375,22 +383,25 @@ pub fn wait(mut child: std::process::Child, args: &[String], deadlines: Deadline
         if hung_after.is_some_and(|t| elapsed > t) {
             let report = extract_json(&out.lock().unwrap()).ok();
             if let Some(covered) = report.map(|r| covered_seconds(&r)).filter(|&c| c * 2.0 >= deadlines.measures as f64) {
-                let _ = child.kill();
-                let _ = child.wait();
+                kill_group(&mut child);
                 hung_at_exit = Some(covered);
                 break None;
             }
         }
         if elapsed > Duration::from_secs(deadlines.stuck) {
-            let _ = child.kill();
-            let _ = child.wait();
+            kill_group(&mut child);
             return Err(Stuck { seconds: deadlines.stuck, command: shell_join(args) }.into());
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    let _ = t_out.join();
+    if status.is_some() {
+        // fio exited: its output ends. After a kill, a straggler could keep the pipes open,
+        // so take what arrived without waiting for the end.
+        let _ = t_out.join();
+        let _ = t_err.join();
+    }
     let out = std::mem::take(&mut *out.lock().unwrap());
-    let err = t_err.join().unwrap_or_default();
+    let err = std::mem::take(&mut *err.lock().unwrap());
     let tail = |s: &str| s.chars().rev().take(2000).collect::<Vec<_>>().into_iter().rev().collect::<String>();
     if let Some(status) = status.filter(|s| !s.success()) {
         bail!("fio failed ({status}): {}\n{}\n{}", shell_join(args), tail(&err), tail(&out));
@@ -401,6 +412,28 @@ pub fn wait(mut child: std::process::Child, args: &[String], deadlines: Deadline
         bail!("fio job error(s) {}: {}\n{}", result.errors, shell_join(args), tail(&err));
     }
     Ok(FioRun { json, raw: out, result, hung_at_exit })
+}
+
+/// Stops fio and its job processes (fio forks one per job, which may leave its process
+/// group).
+fn kill_group(child: &mut std::process::Child) {
+    fn descendants(pid: u32, out: &mut Vec<u32>) {
+        let list = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        for c in list.split_whitespace().filter_map(|c| c.parse().ok()) {
+            out.push(c);
+            descendants(c, out);
+        }
+    }
+    let mut pids = Vec::new();
+    descendants(child.id(), &mut pids);
+    // SAFETY: plain syscalls; the group was created for this child, the pids are its own.
+    unsafe {
+        libc::killpg(child.id() as libc::pid_t, libc::SIGKILL);
+        for p in pids {
+            libc::kill(p as libc::pid_t, libc::SIGKILL);
+        }
+    }
+    let _ = child.wait();
 }
 
 /// `fio --version`.

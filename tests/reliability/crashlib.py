@@ -202,14 +202,32 @@ def apply_ns(names: set, op):
         names.discard(op[1])
 
 
-def check(export_dir: str, m: Model):
+def _read_local(export_dir: str, name: str) -> bytes:
+    path = os.path.join(export_dir, name)
+    return open(path, "rb").read() if os.path.exists(path) else b""
+
+
+def _list_local(export_dir: str, name: str) -> set:
+    path = os.path.join(export_dir, name)
+    return set(os.listdir(path)) if os.path.isdir(path) else set()
+
+
+def check(export_dir: str, m: Model, read=None, listdir=None, torn_unsynced: bool = False):
     """-> (bytes_checked, bytes_lost, problems). Also compacts the histories: after a
-    crash the on-disk content becomes the new, stable, starting version."""
+    crash the on-disk content becomes the new, stable, starting version.
+
+    ``read(name)`` (file contents, b"" if missing) and ``listdir(name)`` (set of
+    names, empty if missing) look at the export for names relative to its root;
+    by default they read ``export_dir``. ``torn_unsynced``: a block may also be torn
+    (byte by byte between its allowed versions) when versions newer than its last
+    stable one exist -- after a power cut, writeback of unsynced data may have been
+    cut short; after a process kill only the write in flight can tear a block."""
+    read = read or (lambda name: _read_local(export_dir, name))
+    listdir = listdir or (lambda name: _list_local(export_dir, name))
     checked = lost = 0
     problems = []
     for f in range(m.nfiles):
-        path = os.path.join(export_dir, f"d{f}")
-        data = open(path, "rb").read() if os.path.exists(path) else b""
+        data = read(f"d{f}")
         for b in range(BLOCKS_PER_FILE):
             h = m.hist[f][b]
             last = max(i for i, e in enumerate(h) if e[1])
@@ -222,7 +240,7 @@ def check(export_dir: str, m: Model):
                 full = [a if a else b"\0" * BLOCK for a in norm]
                 g = got.ljust(BLOCK, b"\0")
                 ok = all(any(g[i] == a[i] for a in full) for i in range(BLOCK)) and \
-                    any(e[2] for e in h[last:])
+                    (any(e[2] for e in h[last:]) or (torn_unsynced and len(h) - last > 1))
             if h[last][0] is not None:
                 checked += BLOCK
                 if not ok:
@@ -233,8 +251,7 @@ def check(export_dir: str, m: Model):
             # the state found on disk is now the baseline
             m.hist[f][b] = [[got if got.strip(b'\0') else None, True, False]]
     m.uncommitted.clear()
-    ns_dir = os.path.join(export_dir, "ns")
-    actual = set(os.listdir(ns_dir)) if os.path.isdir(ns_dir) else set()
+    actual = set(listdir("ns"))
     want = set(m.names)
     alt = set(want)
     if m.ns_inflight:

@@ -10,13 +10,19 @@ A ``Netns`` holds only a loopback interface, so anything started inside it
         ns.run(["ss", "-tln"])
 
 Requires root (``ip netns add``).
+
+A Python thread can also be moved into the namespace (``Netns.call(fn)``, or
+``enter()`` at the start of a thread you own): sockets it opens there reach
+the namespace's 127.0.0.1, e.g. a port qemu forwards into a guest.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import secrets
 import subprocess
+import threading
 import time
 
 __all__ = ["Netns", "NetnsError"]
@@ -117,6 +123,44 @@ class Netns:
             if time.monotonic() >= end:
                 raise TimeoutError(f"{host}:{port} in netns {self.name} not open "
                                    f"after {timeout}s")
+
+    # -- threads of this process inside ----------------------------------
+    def enter(self) -> None:
+        """Move the *calling thread* into the namespace (setns(2) acts on one
+        thread): sockets it creates afterwards belong to the namespace.  Call
+        it only at the start of a thread you own, never in the main thread."""
+        if threading.current_thread() is threading.main_thread():
+            raise NetnsError("enter() would move the main thread; use call() or a thread")
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = os.open(f"/run/netns/{self.name}", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if libc.setns(fd, 0x40000000) != 0:      # CLONE_NEWNET
+                err = ctypes.get_errno()
+                raise NetnsError(f"setns({self.name}) failed: {os.strerror(err)}")
+        finally:
+            os.close(fd)
+
+    def call(self, fn, *args, timeout: float | None = None, **kw):
+        """Run ``fn(*args, **kw)`` in a new thread inside the namespace and
+        return its result (its exception is re-raised here)."""
+        out: dict = {}
+
+        def body():
+            try:
+                self.enter()
+                out["result"] = fn(*args, **kw)
+            except BaseException as e:       # handed to the caller
+                out["error"] = e
+
+        t = threading.Thread(target=body, daemon=True, name=f"netns-{self.name}")
+        t.start()
+        t.join(timeout)
+        if t.is_alive():
+            raise TimeoutError(f"{getattr(fn, '__name__', fn)} in {self.name} still "
+                               f"running after {timeout}s")
+        if "error" in out:
+            raise out["error"]
+        return out.get("result")
 
     # -- teardown --------------------------------------------------------
     def close(self) -> None:

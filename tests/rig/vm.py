@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["Image", "GuestResult", "GuestError", "ImageBuildError",
+__all__ = ["Image", "GuestResult", "GuestError", "ImageBuildError", "Guest",
            "ensure_image", "run_guest", "default_cache_dir", "apt_mirror"]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -390,10 +390,189 @@ def _tail(path: Path, n: int = 40) -> str:
     return "\n".join(lines[-n:])
 
 
+def _qemu_escape(path: str | os.PathLike) -> str:
+    """A path as a qemu option value (commas are doubled)."""
+    return os.fspath(path).replace(",", ",,")
+
+
+def _qemu_argv(qemu: str, img: Image, share: Path, smp: int, mem: int,
+               drives=(), hostfwd=()) -> list[str]:
+    netdev = "user,id=n0"
+    for host_port, guest_port in hostfwd:
+        # listens on 127.0.0.1 of the namespace qemu runs in; forwards to 10.0.2.15
+        netdev += f",hostfwd=tcp:127.0.0.1:{int(host_port)}-:{int(guest_port)}"
+    cmd = [qemu, "-accel", "tcg,thread=multi", "-smp", str(smp), "-m", str(mem),
+           "-nographic", "-no-reboot",
+           "-kernel", str(img.kernel), "-initrd", str(img.initrd),
+           "-append", "root=/dev/vda ro quiet console=ttyS0 "
+                      "init=/" + INIT_PATH + " panic=-1",
+           "-drive", f"file={img.rootfs},if=virtio,format=raw,snapshot=on"]
+    for d in drives:
+        # /dev/vdb, /dev/vdc, ... in this order.  cache=writeback (qemu's
+        # default): what the guest wrote reaches the image file (the host page
+        # cache) even if qemu is SIGKILLed; what sits in the guest's page cache
+        # does not -- a power cut as far as the guest can tell.
+        cmd += ["-drive", f"file={_qemu_escape(d)},if=virtio,format=raw,cache=writeback"]
+    cmd += ["-virtfs", f"local,path={share},mount_tag=share,security_model=none",
+            "-netdev", netdev, "-device", "virtio-net-pci,netdev=n0,romfile=",
+            "-device", "virtio-rng-pci"]
+    return cmd
+
+
+class Guest:
+    """One qemu guest run, for scripts that do not end by themselves (a server).
+
+        with vm.Guest(script, ns, drives=[img], hostfwd=[(2049, 2049)]) as g:
+            ...                      # g.alive(), g.read("stderr"), g.console()
+            g.power_cut()            # SIGKILL qemu: the guest's page cache is lost
+        # or: res = g.wait(timeout)  # GuestResult once the script ended
+
+    ``script``, ``files``, ``smp``, ``mem``, ``image``, ``keep_share`` are as
+    for :func:`run_guest` (``files`` values may also be paths of host files,
+    copied into the share).  ``drives`` are raw image files attached as
+    virtio disks /dev/vdb, /dev/vdc, ... (cache=writeback).  ``hostfwd`` is a
+    list of (host_port, guest_port): qemu listens on 127.0.0.1:host_port of
+    ``netns`` and forwards to the guest's 10.0.2.15:guest_port, so a client
+    inside the namespace reaches a server in the guest.  Note that qemu
+    accepts such connections even before the guest listens (and then closes
+    them): wait for a real reply, not for a TCP connect.
+    ``close()`` (also on exit of the with-block) stops qemu if it still runs
+    (SIGTERM, then SIGKILL) and removes the share dir.
+    """
+
+    def __init__(self, script: str, netns, smp: int = 2, mem: int = 2048,
+                 image: Image | None = None, keep_share: bool | None = None,
+                 files: dict[str, str | bytes | os.PathLike] | None = None,
+                 drives=(), hostfwd=()):
+        self.script, self.netns = script, netns
+        self.smp, self.mem, self.image = smp, mem, image
+        self.keep_share = os.environ.get("NASD_KEEP_GUEST") == "1" \
+            if keep_share is None else keep_share
+        self.files = dict(files or {})
+        self.drives = [os.fspath(d) for d in drives]
+        self.hostfwd = [(int(h), int(g)) for h, g in hostfwd]
+        self.share: Path | None = None
+        self.proc: subprocess.Popen | None = None
+        self.t0 = 0.0
+        self.seconds = 0.0
+
+    # -- lifecycle -------------------------------------------------------
+    def start(self) -> "Guest":
+        qemu = shutil.which("qemu-system-x86_64")
+        if not qemu:
+            raise GuestError("qemu-system-x86_64 not found (apt-get install qemu-system-x86)")
+        img = self.image or ensure_image()
+        share = Path(tempfile.mkdtemp(prefix="nasd-guest-"))
+        self.share = share
+        os.chmod(share, 0o755)
+        (share / "cmd.sh").write_text(self.script)
+        for name, content in self.files.items():
+            dest = share / name
+            if dest.resolve().parent != share.resolve() and \
+                    share.resolve() not in dest.resolve().parents:
+                raise ValueError(f"file name {name!r} escapes the share dir")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(content, bytes):
+                dest.write_bytes(content)
+            elif isinstance(content, os.PathLike):
+                shutil.copyfile(content, dest)
+            else:
+                dest.write_text(content)
+            os.chmod(dest, 0o755)
+        cmd = _qemu_argv(qemu, img, share, self.smp, self.mem, self.drives, self.hostfwd)
+        self.t0 = time.monotonic()
+        with open(share / "console.log", "wb") as con:
+            self.proc = self.netns.popen(cmd, stdout=con, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def power_cut(self) -> None:
+        """SIGKILL qemu (by PID) and reap it: a power failure for the guest."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait()
+        self.seconds = time.monotonic() - self.t0
+
+    def wait(self, timeout: float = 300) -> GuestResult:
+        """Wait for the script to end (the guest powers off); its GuestResult.
+
+        Raises GuestError (console tail) if no exit status was recorded
+        within ``timeout`` s or qemu exited without one; qemu is stopped."""
+        assert self.proc is not None and self.share is not None, "start() first"
+        try:
+            self.proc.wait(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            _kill(self.proc)
+        secs = self.seconds = time.monotonic() - self.t0
+        share = self.share
+        rc_file = share / "rc"
+        if not rc_file.exists():
+            why = f"timed out after {timeout}s" if timed_out else \
+                f"qemu exited {self.proc.returncode} after {secs:.0f}s"
+            where = f"share dir kept: {share}" if self.keep_share else \
+                "set NASD_KEEP_GUEST=1 to keep the share dir"
+            raise GuestError(f"guest recorded no exit status ({why}); {where}; "
+                             f"console tail:\n{_tail(share / 'console.log')}")
+        return GuestResult(
+            rc=int(rc_file.read_text().strip() or "-1"),
+            stdout=self.read("stdout"), stderr=self.read("stderr"),
+            console=self.console(), seconds=secs)
+
+    def close(self) -> None:
+        if self.proc is not None:
+            _kill(self.proc)
+        if self.share is not None:
+            if self.keep_share:
+                _log(f"guest share dir kept: {self.share}")
+            else:
+                shutil.rmtree(self.share, ignore_errors=True)
+            self.share = None
+
+    def __enter__(self) -> "Guest":
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- what the guest left in the share --------------------------------
+    def read(self, name: str) -> str:
+        """Text of a file in the share ("" if missing): stdout, stderr, rc, ..."""
+        if self.share is None:
+            return ""
+        p = self.share / name
+        return p.read_text(errors="replace") if p.exists() else ""
+
+    def console(self) -> str:
+        return self.read("console.log")
+
+    def console_tail(self, n: int = 40) -> str:
+        return _tail(self.share / "console.log", n) if self.share else "(no console log)"
+
+
 def run_guest(script: str, netns, timeout: float = 300, smp: int = 2,
               mem: int = 2048, image: Image | None = None,
               keep_share: bool | None = None,
-              files: dict[str, str | bytes] | None = None) -> GuestResult:
+              files: dict[str, str | bytes] | None = None,
+              drives=(), hostfwd=()) -> GuestResult:
     """Boot the guest inside ``netns``, run ``script`` with sh, return its result.
 
     The script runs as root in the guest with the 9p share at /share (it may
@@ -404,69 +583,13 @@ def run_guest(script: str, netns, timeout: float = 300, smp: int = 2,
     status within ``timeout`` seconds.  The share dir (cmd.sh, stdout,
     stderr, rc, console.log) is removed afterwards unless ``keep_share`` or
     env NASD_KEEP_GUEST=1; the console log is also in ``GuestResult.console``.
+    ``drives`` and ``hostfwd``: extra disks and forwarded ports, see
+    :class:`Guest` (which also runs guests that do not end by themselves).
     """
-    qemu = shutil.which("qemu-system-x86_64")
-    if not qemu:
-        raise GuestError("qemu-system-x86_64 not found (apt-get install qemu-system-x86)")
-    img = image or ensure_image()
-    if keep_share is None:
-        keep_share = os.environ.get("NASD_KEEP_GUEST") == "1"
-    share = Path(tempfile.mkdtemp(prefix="nasd-guest-"))
-    os.chmod(share, 0o755)
-    (share / "cmd.sh").write_text(script)
-    for name, content in (files or {}).items():
-        dest = share / name
-        if dest.resolve().parent != share.resolve() and share.resolve() not in dest.resolve().parents:
-            raise ValueError(f"file name {name!r} escapes the share dir")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, bytes):
-            dest.write_bytes(content)
-        else:
-            dest.write_text(content)
-        os.chmod(dest, 0o755)
-    console = share / "console.log"
-    cmd = [qemu, "-accel", "tcg,thread=multi", "-smp", str(smp), "-m", str(mem),
-           "-nographic", "-no-reboot",
-           "-kernel", str(img.kernel), "-initrd", str(img.initrd),
-           "-append", "root=/dev/vda ro quiet console=ttyS0 "
-                      "init=/" + INIT_PATH + " panic=-1",
-           "-drive", f"file={img.rootfs},if=virtio,format=raw,snapshot=on",
-           "-virtfs", f"local,path={share},mount_tag=share,security_model=none",
-           "-netdev", "user,id=n0", "-device", "virtio-net-pci,netdev=n0,romfile=",
-           "-device", "virtio-rng-pci"]
-    t0 = time.monotonic()
+    g = Guest(script, netns, smp=smp, mem=mem, image=image, keep_share=keep_share,
+              files=files, drives=drives, hostfwd=hostfwd)
     try:
-        with open(console, "wb") as con:
-            proc = netns.popen(cmd, stdout=con, stderr=subprocess.STDOUT,
-                               start_new_session=True)
-            try:
-                try:
-                    proc.wait(timeout=timeout)
-                    timed_out = False
-                except subprocess.TimeoutExpired:
-                    timed_out = True
-            finally:
-                _kill(proc)
-        secs = time.monotonic() - t0
-        rc_file = share / "rc"
-        if not rc_file.exists():
-            why = f"timed out after {timeout}s" if timed_out else \
-                f"qemu exited {proc.returncode} after {secs:.0f}s"
-            where = f"share dir kept: {share}" if keep_share else \
-                "set NASD_KEEP_GUEST=1 to keep the share dir"
-            raise GuestError(f"guest recorded no exit status ({why}); {where}; "
-                             f"console tail:\n{_tail(console)}")
-        res = GuestResult(
-            rc=int(rc_file.read_text().strip() or "-1"),
-            stdout=(share / "stdout").read_text(errors="replace")
-            if (share / "stdout").exists() else "",
-            stderr=(share / "stderr").read_text(errors="replace")
-            if (share / "stderr").exists() else "",
-            console=console.read_text(errors="replace"),
-            seconds=secs)
-        return res
+        g.start()
+        return g.wait(timeout)
     finally:
-        if keep_share:
-            _log(f"guest share dir kept: {share}")
-        else:
-            shutil.rmtree(share, ignore_errors=True)
+        g.close()
