@@ -206,22 +206,17 @@ impl XdrWriter {
         self.buf[at..at + data.len()].copy_from_slice(data);
     }
 
-    /// Appends an opaque whose bytes are produced in place by `fill`, which receives a
-    /// zeroed slice of `max` bytes and returns how many it used. READ uses this to `pread`
-    /// straight into the reply buffer.
-    pub fn opaque_with<E>(
-        &mut self,
-        max: usize,
-        fill: impl FnOnce(&mut [u8]) -> Result<usize, E>,
-    ) -> Result<usize, E> {
+    /// Appends an opaque whose bytes `fill` appends to the reply buffer itself (at most
+    /// `max` of them; more are cut). READ uses this to `pread` straight into the reply,
+    /// with no zero-filling first.
+    pub fn opaque_with<E>(&mut self, max: usize, fill: impl FnOnce(&mut Vec<u8>) -> Result<(), E>) -> Result<usize, E> {
         let len_at = self.buf.len();
         self.u32(0);
         let start = self.buf.len();
-        self.buf.resize(start + max, 0);
-        match fill(&mut self.buf[start..]) {
-            Ok(n) => {
-                let n = n.min(max);
-                self.buf.truncate(start + n);
+        match fill(&mut self.buf) {
+            Ok(()) => {
+                self.buf.truncate(start + max);
+                let n = self.buf.len() - start;
                 self.pad(n);
                 self.patch_u32(len_at, n as u32);
                 Ok(n)
@@ -277,13 +272,19 @@ mod tests {
         let mut w = XdrWriter::new();
         let n = w
             .opaque_with::<()>(10, |buf| {
-                buf[..5].copy_from_slice(b"abcde");
-                Ok(5)
+                buf.extend_from_slice(b"abcde");
+                Ok(())
             })
             .unwrap();
         assert_eq!(n, 5);
         let bytes = w.into_inner();
         assert_eq!(bytes.len(), 4 + 8);
         assert_eq!(XdrReader::new(&bytes).opaque(10).unwrap(), b"abcde");
+        // More than `max` is cut; a failure leaves nothing behind.
+        let mut w = XdrWriter::new();
+        assert_eq!(w.opaque_with::<()>(2, |buf| Ok(buf.extend_from_slice(b"xyz"))).unwrap(), 2);
+        assert_eq!(w.len(), 8);
+        assert_eq!(w.opaque_with(8, |buf| { buf.push(1); Err(()) }), Err(()));
+        assert_eq!(w.len(), 8);
     }
 }

@@ -216,10 +216,8 @@ fn read(state: &ServerState, ctx: &CallContext, fh: &[u8], offset: u64, count: u
     out.bool(false);
     let mut result = None;
     out.opaque_with(count, |buf| {
-        let r = adm.rt.vfs.read(&adm.cred, &adm.obj, offset, buf, blocking(ctx))?;
-        let n = r.count;
-        result = Some(r);
-        Ok(n)
+        result = Some(adm.rt.vfs.read(&adm.cred, &adm.obj, offset, count, buf, blocking(ctx))?);
+        Ok(())
     })
     .map_err(fail(ATTR))?;
     let r = result.expect("set on success");

@@ -270,9 +270,10 @@ pub trait Vfs: Send + Sync {
     /// Returns which of the `mask` bits the caller is granted.
     fn access(&self, cred: &Cred, obj: &ObjectId, mask: u32) -> VfsResult<(u32, Attr)>;
     fn readlink(&self, cred: &Cred, obj: &ObjectId) -> VfsResult<(Vec<u8>, Attr)>;
-    /// Reads into `buf` (its length is the requested count). With `Blocking::Forbidden` it
-    /// either serves the whole range from memory or fails with `WouldBlock`.
-    fn read(&self, cred: &Cred, obj: &ObjectId, offset: u64, buf: &mut [u8], blocking: Blocking) -> VfsResult<ReadResult>;
+    /// Appends up to `count` bytes read at `offset` to `out` (fewer only at end of file).
+    /// With `Blocking::Forbidden` it either serves the whole range from memory or fails
+    /// with `WouldBlock`, appending nothing.
+    fn read(&self, cred: &Cred, obj: &ObjectId, offset: u64, count: usize, out: &mut Vec<u8>, blocking: Blocking) -> VfsResult<ReadResult>;
     /// Like `read` with `Blocking::Forbidden`, but leaves the data where it is and returns the
     /// file range to send, all of it in memory; `WouldBlock` when some of it is not.
     /// `Ok(None)`: this backend or object cannot serve reads that way; use `read`.

@@ -399,7 +399,7 @@ impl Vfs for LocalFs {
         Ok((sys::readlinkat(obj.path_fd.as_raw_fd())?, attr))
     }
 
-    fn read(&self, cred: &Cred, id: &ObjectId, offset: u64, buf: &mut [u8], blocking: Blocking) -> VfsResult<ReadResult> {
+    fn read(&self, cred: &Cred, id: &ObjectId, offset: u64, count: usize, out: &mut Vec<u8>, blocking: Blocking) -> VfsResult<ReadResult> {
         let (obj, attr) = self.resolve(cred, id)?;
         match attr.kind {
             FileKind::Regular => {}
@@ -411,7 +411,7 @@ impl Vfs for LocalFs {
         }
         let fd = self.io_fd(cred, &obj, &attr)?;
         let nowait = blocking == Blocking::Forbidden;
-        let count = if offset >= attr.size { 0 } else { sys::pread(&fd, buf, offset, nowait)? };
+        let count = if offset >= attr.size { 0 } else { sys::pread_append(&fd, out, count, offset, nowait)? };
         let eof = offset.saturating_add(count as u64) >= attr.size;
         Ok(ReadResult { count, eof, attr })
     }

@@ -140,25 +140,33 @@ pub fn attr_from_stat(st: &libc::stat, fsid: u64) -> Attr {
     }
 }
 
-/// Reads until `buf` is full or the file ends. With `nowait`, data that is not in the page
-/// cache fails the whole read with `WouldBlock` instead of waiting for the disk.
-pub fn pread(fd: &OwnedFd, buf: &mut [u8], offset: u64, nowait: bool) -> VfsResult<usize> {
+/// Appends up to `count` bytes read at `offset` to `out`, stopping early only at end of
+/// file. With `nowait`, data that is not in the page cache fails the whole read with
+/// `WouldBlock` and appends nothing.
+pub fn pread_append(fd: &OwnedFd, out: &mut Vec<u8>, count: usize, offset: u64, nowait: bool) -> VfsResult<usize> {
     let flags = if nowait { libc::RWF_NOWAIT } else { 0 };
+    let start = out.len();
+    out.reserve(count);
     let mut done = 0;
-    while done < buf.len() {
-        let iov = libc::iovec { iov_base: buf[done..].as_mut_ptr().cast(), iov_len: buf.len() - done };
-        // SAFETY: one valid iovec over the unfilled rest of `buf`.
+    while done < count {
+        let spare = &mut out.spare_capacity_mut()[..count - done];
+        let iov = libc::iovec { iov_base: spare.as_mut_ptr().cast(), iov_len: spare.len() };
+        // SAFETY: one iovec over reserved, unused capacity of `out`; the kernel writes at
+        // most its length, and only the bytes it reports written become part of `out`.
         let n = unsafe { libc::preadv2(fd.as_raw_fd(), &iov, 1, (offset + done as u64) as i64, flags) };
         if n < 0 {
-            match errno() {
-                libc::EINTR => continue,
-                libc::EAGAIN if nowait => return Err(VfsError::WouldBlock),
-                _ => return Err(last_err()),
+            let e = errno();
+            if e == libc::EINTR {
+                continue;
             }
+            out.truncate(start);
+            return Err(if nowait && e == libc::EAGAIN { VfsError::WouldBlock } else { VfsError::from_errno(e) });
         }
         if n == 0 {
             break;
         }
+        // SAFETY: the kernel initialised these `n` bytes.
+        unsafe { out.set_len(out.len() + n as usize) };
         done += n as usize;
     }
     Ok(done)
