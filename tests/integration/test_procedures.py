@@ -484,6 +484,43 @@ def test_mknod_socket(srv, c, work):
     assert c.mknod(dfh, "sock", rpc.NF3SOCK).status == rpc.NFS3ERR_EXIST
 
 
+@needs_root
+def test_mknod_devices_only_for_unsquashed_root(srv, c, work):
+    """Device nodes follow the kernel's CAP_MKNOD: nasd acts with the caller's fsuid, which
+    drops the capability for anyone but root, so only an unsquashed root creates them."""
+    d, dfh = work
+    r = c.mknod(dfh, "null", rpc.NF3CHR, mode=0o600, rdev=(1, 3))
+    assert r.ok, f"root MKNOD NF3CHR status {r.status}"
+    st = os.lstat(d / "null")
+    assert stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (1, 3)
+    os.chmod(d, 0o777)
+    user = auth_sys(OWNER_UID, GROUP_GID)
+    r = c.mknod(dfh, "dev2", rpc.NF3BLK, rdev=(7, 0), cred=user)
+    assert r.status in (rpc.NFS3ERR_PERM, rpc.NFS3ERR_ACCES), f"a user made a device node: status {r.status}"
+    assert not (d / "dev2").exists()
+    # A FIFO needs no privilege.
+    assert c.mknod(dfh, "fifo", rpc.NF3FIFO, cred=user).ok
+
+
+@needs_root
+def test_owner_may_write_and_read_its_read_only_file(srv, c, work):
+    """knfsd's owner override: a file created 0444 must still take the data that follows
+    (cp, tar and the kernel client rely on it); other users are refused."""
+    d, dfh = work
+    os.chmod(d, 0o777)
+    owner = auth_sys(OWNER_UID, GROUP_GID)
+    r = c.create(dfh, "ro", how="guarded", mode=0o444, cred=owner)
+    assert r.ok and stat.S_IMODE(os.stat(d / "ro").st_mode) == 0o444
+    w = c.write(r.fh, 0, b"data", cred=owner)
+    assert w.ok and w.count == 4, f"owner WRITE to its 0444 file: status {w.status}"
+    assert (d / "ro").read_bytes() == b"data"
+    os.chmod(d / "ro", 0o000)
+    assert c.read(r.fh, 0, 4, cred=owner).data == b"data", "owner READ of its mode 000 file"
+    other = auth_sys(OWNER_UID + 1, GROUP_GID + 1)
+    assert c.write(r.fh, 0, b"evil", cred=other).status == rpc.NFS3ERR_ACCES
+    assert c.read(r.fh, 0, 4, cred=other).status == rpc.NFS3ERR_ACCES
+
+
 # ------------------------------------------------------------ duplicate request cache
 
 def _send(cl, msg, xid):

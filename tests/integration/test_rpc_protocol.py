@@ -108,6 +108,16 @@ def test_auth_sys_with_17_groups_is_badcred(srv, proto):
         assert r.auth_stat == rpc.AUTH_BADCRED
 
 
+@pytest.mark.parametrize("proto", PROTOS)
+def test_auth_sys_machine_name_over_255_bytes_is_badcred(srv, proto):
+    with RpcClient(srv.host, srv.port, proto=proto) as c:
+        assert c.call(NFS_PROG, 3, 0, cred=auth_sys(1000, 1000, machine="m" * 255)).success
+        r = c.call(NFS_PROG, 3, 0, cred=auth_sys(1000, 1000, machine="m" * 256))
+        assert not r.accepted and r.reject_stat == rpc.AUTH_ERROR and r.auth_stat == rpc.AUTH_BADCRED
+        # The connection (or socket) still serves well-formed calls.
+        assert c.call(NFS_PROG, 3, 0).success
+
+
 @pytest.mark.parametrize("flavor", [6, 3, 99])  # RPCSEC_GSS, AUTH_DH, nonsense
 def test_unknown_auth_flavor_is_auth_error(srv, flavor):
     with RpcClient(srv.host, srv.port) as c:
@@ -235,6 +245,46 @@ def test_drc_retransmit_on_new_tcp_connection(srv, work, what):
         again = _send_same(c2, msg, xid)
     assert again.raw == first.raw
     assert (d / "n").exists() == (what == "create")
+
+
+def test_retransmit_while_the_original_runs_is_not_run_again(srv, work):
+    """Copies of a GUARDED CREATE sent back to back: the later ones arrive while the
+    first still runs (it makes the directory durable) or just after. Each copy is dropped
+    or answered with the first reply; none may run again (that would answer EXIST)."""
+    d, dfh = work
+    with Nfs3Client(srv.host, srv.port, cred=ROOT) as c:
+        for n in range(5):
+            xid, msg = c.build(NFS_PROG, 3, rpc.NFSPROC3_CREATE, nfs3_args.create(dfh, f"g{n}", "guarded"))
+            c.send_raw(frame(msg) * 3)
+            replies = [c.recv_reply(timeout=30)]
+            while True:
+                try:
+                    replies.append(c.recv_reply(timeout=1.0))
+                except OSError:  # socket timeout: no more replies
+                    break
+            assert all(r.xid == xid for r in replies)
+            assert decode_result(rpc.NFSPROC3_CREATE, replies[0]).ok
+            assert all(r.raw == replies[0].raw for r in replies), "a copy ran again (its reply differs)"
+    assert sorted(os.listdir(d)) == [f"g{n}" for n in range(5)]
+
+
+def test_replies_leave_in_completion_order(srv, work):
+    """A quick call sent behind a slow one on the same connection is answered first."""
+    d, dfh = work
+    (d / "f").write_bytes(b"")
+    with Nfs3Client(srv.host, srv.port, cred=ROOT) as c:
+        fh = c.lookup(dfh, "f").fh
+        slow, msg = c.build(NFS_PROG, 3, rpc.NFSPROC3_WRITE, nfs3_args.write(fh, 0, os.urandom(1 << 20), "file_sync"))
+        wire = [frame(msg)]
+        quick = []
+        for _ in range(20):
+            x, m = c.build(NFS_PROG, 3, rpc.NFSPROC3_GETATTR, nfs3_args.fh(dfh))
+            quick.append(x)
+            wire.append(frame(m))
+        c.send_raw(b"".join(wire))
+        order = [c.recv_reply(timeout=30).xid for _ in range(21)]
+    assert sorted(order) == sorted([slow] + quick)
+    assert order.index(slow) > 0, "the slow FILE_SYNC WRITE held back every GETATTR behind it"
 
 
 def test_drc_udp_retransmit(srv, work):

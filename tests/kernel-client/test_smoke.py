@@ -128,7 +128,7 @@ def _ganesha(ns: Netns, export: Path, logdir: Path):
     g = Ganesha(export, netns=ns)
     try:
         with g:
-            yield {"port": g.port, "mount_port": g.mount_port, "path": g.export_path}
+            yield {"port": g.port, "mount_port": g.mount_port, "path": g.export_path, "pseudo": g.pseudo}
     finally:
         (logdir / "ganesha.log").write_text(g.log)
 
@@ -165,3 +165,32 @@ def test_smoke_v3(server: str, tmp_path: Path, guest_image: vm.Image) -> None:
     # What the guest did is visible on the exported directory.
     assert (export / "keep.txt").read_text() == "from the guest\n"
     assert sorted(p.name for p in export.iterdir()) == ["hello.txt", "keep.txt"]
+
+
+@pytest.mark.parametrize("server", ["ganesha", "nasd"])
+def test_smoke_v42(server: str, tmp_path: Path, guest_image: vm.Image) -> None:
+    """`mount -o vers=4.2`: Ganesha serves the same script over NFSv4.2; nasd (NFSv3
+    only so far) must refuse at once with "version not supported" (PROG_MISMATCH 3-3),
+    not hang the client."""
+    export = tmp_path / "export"
+    export.mkdir()
+    os.chmod(export, 0o777)
+    (export / "hello.txt").write_text(HELLO)
+    with Netns() as ns, SERVERS[server](ns, export, tmp_path) as srv:
+        path = srv.get("pseudo", srv["path"])
+        opts = f"vers=4.2,proto=tcp,port={srv['port']}"
+        script = GUEST_SCRIPT.format(opts=opts, path=path, nbytes=DATA_BYTES,
+                                     pattern=PATTERN.decode().rstrip("\n"))
+        res = vm.run_guest(script, ns, timeout=300, image=guest_image)
+    print(f"\n===== {server} v4.2: rc={res.rc} ({res.seconds:.1f}s) =====")
+    print(f"--- stdout ---\n{res.stdout}\n--- stderr ---\n{res.stderr[-3000:]}")
+    if server == "nasd":
+        assert res.rc != 0, "a v4.2 mount of an NFSv3-only server must fail"
+        assert "not supported" in res.stderr, res.stderr[-2000:]
+        assert res.seconds < 120, "the refusal took the mount's whole retry time"
+        return
+    assert res.rc == 0, f"guest script failed on {server}:\n{res.stderr[-2000:]}"
+    out = dict(line.split(": ", 1) for line in res.stdout.splitlines() if ": " in line)
+    assert out["hello"] == HELLO.strip()
+    assert out["md5"] == hashlib.md5(_pattern_data()).hexdigest()
+    assert out["list2"].split() == ["hello.txt", "keep.txt"]

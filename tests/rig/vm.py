@@ -401,7 +401,10 @@ def _qemu_argv(qemu: str, img: Image, share: Path, smp: int, mem: int,
     for host_port, guest_port in hostfwd:
         # listens on 127.0.0.1 of the namespace qemu runs in; forwards to 10.0.2.15
         netdev += f",hostfwd=tcp:127.0.0.1:{int(host_port)}-:{int(guest_port)}"
-    cmd = [qemu, "-accel", "tcg,thread=multi", "-smp", str(smp), "-m", str(mem),
+    # TCG by default (this host's /dev/kvm cannot boot a stock kernel);
+    # NASD_VM_ACCEL=kvm where KVM works.
+    accel = os.environ.get("NASD_VM_ACCEL", "tcg,thread=multi")
+    cmd = [qemu, "-accel", accel, "-smp", str(smp), "-m", str(mem),
            "-nographic", "-no-reboot",
            "-kernel", str(img.kernel), "-initrd", str(img.initrd),
            "-append", "root=/dev/vda ro quiet console=ttyS0 "
