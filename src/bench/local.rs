@@ -3,8 +3,10 @@
 //! metadata operations with plain system calls.
 
 use super::fio;
-use anyhow::{bail, Result};
-use std::path::Path;
+use super::suites::MetaOp;
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// The fio engine for local direct I/O: the first of libaio, io_uring, posixaio and psync
@@ -39,10 +41,11 @@ pub fn pick_engine(fio_bin: &Path, dir: &Path) -> String {
 
 /// Local metadata operation over `files` files in `dirs` directories below `root`.
 /// Returns (operations, seconds).
-pub fn meta(root: &Path, op: super::suites::MetaOp, files: u32, dirs: u32) -> Result<(u64, f64)> {
-    use super::suites::MetaOp::*;
+pub fn meta(root: &Path, op: MetaOp, files: u32, dirs: u32) -> Result<(u64, f64)> {
+    use MetaOp::*;
     let flat = root.join("md-flat");
     let name = |i: u32| flat.join(format!("f{i:08}"));
+    let renamed = |i: u32| flat.join(format!("r{i:08}"));
     let t0 = Instant::now();
     let ops: u64 = match op {
         Tree => {
@@ -77,6 +80,12 @@ pub fn meta(root: &Path, op: super::suites::MetaOp, files: u32, dirs: u32) -> Re
             }
             files as u64
         }
+        Rename => {
+            for i in 0..files {
+                std::fs::rename(name(i), renamed(i))?;
+            }
+            files as u64
+        }
         Readdir => {
             let n = std::fs::read_dir(&flat)?.count() as u64;
             if n != files as u64 {
@@ -86,10 +95,235 @@ pub fn meta(root: &Path, op: super::suites::MetaOp, files: u32, dirs: u32) -> Re
         }
         Remove => {
             for i in 0..files {
-                std::fs::remove_file(name(i))?;
+                std::fs::remove_file(renamed(i))?;
             }
             files as u64
         }
+        Untar | CopyTree | RemoveTree => bail!("{op:?} is a real-tree job: local::tree"),
     };
     Ok((ops, t0.elapsed().as_secs_f64()))
+}
+
+/// What a tree holds (the top directory counts as one directory).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TreeStats {
+    pub files: u64,
+    pub dirs: u64,
+    pub links: u64,
+    /// Bytes of the regular files.
+    pub bytes: u64,
+}
+
+impl TreeStats {
+    /// Operations of an untar, copy or removal: one per file, directory and symlink.
+    pub fn ops(&self) -> u64 {
+        self.files + self.dirs + self.links
+    }
+
+    pub fn describe(&self) -> String {
+        format!("{} files, {} directories, {} symlinks, {:.1} MiB", self.files, self.dirs, self.links, self.bytes as f64 / 1048576.0)
+    }
+}
+
+/// Copy the tree `src` to `dst` (which must not exist) like `cp -r`: directories, regular
+/// files with their content and permissions, symlinks as symlinks; other file types and
+/// directories whose name `skip` accepts are left out.
+pub fn copy_tree(src: &Path, dst: &Path, skip: &dyn Fn(&str) -> bool) -> Result<TreeStats> {
+    let mut st = TreeStats::default();
+    copy_tree_into(src, dst, skip, &mut st)?;
+    Ok(st)
+}
+
+fn copy_tree_into(src: &Path, dst: &Path, skip: &dyn Fn(&str) -> bool, st: &mut TreeStats) -> Result<()> {
+    std::fs::create_dir(dst).with_context(|| format!("mkdir {}", dst.display()))?;
+    st.dirs += 1;
+    for e in std::fs::read_dir(src).with_context(|| format!("reading {}", src.display()))? {
+        let e = e?;
+        let ft = e.file_type()?;
+        let to = dst.join(e.file_name());
+        if ft.is_dir() {
+            if !skip(&e.file_name().to_string_lossy()) {
+                copy_tree_into(&e.path(), &to, skip, st)?;
+            }
+        } else if ft.is_file() {
+            st.bytes += std::fs::copy(e.path(), &to).with_context(|| format!("copying {}", e.path().display()))?;
+            st.files += 1;
+        } else if ft.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(e.path())?, &to)?;
+            st.links += 1;
+        }
+    }
+    Ok(())
+}
+
+/// Count what a tree holds (symlinks not followed; other file types not counted).
+pub fn count_tree(dir: &Path) -> Result<TreeStats> {
+    let mut st = TreeStats { dirs: 1, ..Default::default() };
+    for e in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let e = e?;
+        let ft = e.file_type()?;
+        if ft.is_dir() {
+            let s = count_tree(&e.path())?;
+            st.files += s.files;
+            st.dirs += s.dirs;
+            st.links += s.links;
+            st.bytes += s.bytes;
+        } else if ft.is_file() {
+            st.files += 1;
+            st.bytes += e.metadata()?.len();
+        } else if ft.is_symlink() {
+            st.links += 1;
+        }
+    }
+    Ok(st)
+}
+
+/// The source tree of the real-tree jobs, copied once per run (the copy is not timed).
+#[derive(Clone, Debug)]
+pub struct TreeSource {
+    /// Where it came from.
+    pub origin: PathBuf,
+    /// What it is, for the report.
+    pub what: String,
+    /// The copy the jobs read (below the report directory).
+    pub path: PathBuf,
+    pub stats: TreeStats,
+}
+
+/// Directories left out of Python's standard library: byte code, third-party packages
+/// (they differ from machine to machine) and the static libraries of `config-*`.
+pub fn stdlib_skip(name: &str) -> bool {
+    name == "__pycache__" || name == "site-packages" || name == "dist-packages" || name.starts_with("config-")
+}
+
+/// Copy the source tree to `dst`: `$NASD_BENCH_TREE` when set, else the standard library
+/// of the `python3` on the PATH; either without [`stdlib_skip`] directories.
+pub fn prepare_tree_source(dst: &Path) -> Result<TreeSource> {
+    const SKIPPED: &str = "without __pycache__, site-packages, dist-packages and config-* directories";
+    let (origin, what) = match std::env::var_os("NASD_BENCH_TREE") {
+        Some(p) => (PathBuf::from(p), format!("the tree of $NASD_BENCH_TREE {SKIPPED}")),
+        None => {
+            let o = std::process::Command::new("python3")
+                .args(["-c", "import sysconfig, sys; print(sysconfig.get_paths()['stdlib']); print(sys.version.split()[0]); print(sys.executable)"])
+                .output()
+                .context("running python3 to find its standard library")?;
+            if !o.status.success() {
+                bail!("python3 -c 'import sysconfig ...' failed: {}", String::from_utf8_lossy(&o.stderr));
+            }
+            let out = String::from_utf8_lossy(&o.stdout).to_string();
+            let mut l = out.lines();
+            let (dir, ver, exe) = (l.next().unwrap_or(""), l.next().unwrap_or("?"), l.next().unwrap_or("python3"));
+            (PathBuf::from(dir), format!("the standard library of Python {ver} ({exe}) {SKIPPED}"))
+        }
+    };
+    if !origin.is_dir() {
+        bail!("source tree {} is not a directory", origin.display());
+    }
+    let _ = std::fs::remove_dir_all(dst);
+    let stats = copy_tree(&origin, dst, &stdlib_skip).with_context(|| format!("copying {} to {}", origin.display(), dst.display()))?;
+    Ok(TreeSource { origin, what, path: dst.to_path_buf(), stats })
+}
+
+/// The real-tree jobs on the local file system, below `root`: untar = copy `src` to
+/// tree-untar, cp -r = copy tree-untar to tree-copy, rm -rf = remove tree-untar (then,
+/// not timed, tree-copy). Returns what was handled and the timed seconds.
+pub fn tree(root: &Path, op: MetaOp, src: &Path) -> Result<(TreeStats, f64)> {
+    let (untar, copy) = (root.join("tree-untar"), root.join("tree-copy"));
+    let none = |_: &str| false;
+    match op {
+        MetaOp::Untar => {
+            let _ = std::fs::remove_dir_all(&untar);
+            let t0 = Instant::now();
+            let st = copy_tree(src, &untar, &none)?;
+            Ok((st, t0.elapsed().as_secs_f64()))
+        }
+        MetaOp::CopyTree => {
+            let _ = std::fs::remove_dir_all(&copy);
+            let t0 = Instant::now();
+            let st = copy_tree(&untar, &copy, &none)?;
+            Ok((st, t0.elapsed().as_secs_f64()))
+        }
+        MetaOp::RemoveTree => {
+            let st = count_tree(&untar)?;
+            let t0 = Instant::now();
+            std::fs::remove_dir_all(&untar)?;
+            let secs = t0.elapsed().as_secs_f64();
+            let _ = std::fs::remove_dir_all(&copy);
+            Ok((st, secs))
+        }
+        other => bail!("{other:?} is not a real-tree job"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(dir: &Path) {
+        std::fs::create_dir_all(dir.join("pkg/sub")).unwrap();
+        std::fs::create_dir_all(dir.join("pkg/__pycache__")).unwrap();
+        std::fs::write(dir.join("a.py"), b"print(1)\n").unwrap();
+        std::fs::write(dir.join("pkg/__init__.py"), b"").unwrap();
+        std::fs::write(dir.join("pkg/sub/m.py"), vec![7u8; 100_000]).unwrap();
+        std::fs::write(dir.join("pkg/__pycache__/m.pyc"), b"x").unwrap();
+        std::os::unix::fs::symlink("../a.py", dir.join("pkg/link.py")).unwrap();
+        std::os::unix::fs::symlink("/nonexistent", dir.join("dangling")).unwrap();
+    }
+
+    #[test]
+    fn copy_count_and_remove_a_tree() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        sample(&src);
+        let all = count_tree(&src).unwrap();
+        assert_eq!(all, TreeStats { files: 4, dirs: 4, links: 2, bytes: 9 + 100_000 + 1 });
+
+        // the source copy leaves __pycache__ out and keeps symlinks as they are
+        let copy = tmp.path().join("tree-src");
+        let st = copy_tree(&src, &copy, &stdlib_skip).unwrap();
+        assert_eq!(st, TreeStats { files: 3, dirs: 3, links: 2, bytes: 9 + 100_000 });
+        assert_eq!(st.ops(), 8);
+        assert_eq!(count_tree(&copy).unwrap(), st);
+        assert!(!copy.join("pkg/__pycache__").exists());
+        assert_eq!(std::fs::read_link(copy.join("dangling")).unwrap(), Path::new("/nonexistent"));
+        assert_eq!(std::fs::read(copy.join("pkg/sub/m.py")).unwrap(), vec![7u8; 100_000]);
+
+        // untar, cp -r, rm -rf on the local disk
+        let root = tmp.path().join("local");
+        std::fs::create_dir(&root).unwrap();
+        let (u, _) = tree(&root, MetaOp::Untar, &copy).unwrap();
+        assert_eq!(u, st);
+        let (c, _) = tree(&root, MetaOp::CopyTree, &copy).unwrap();
+        assert_eq!(c, st);
+        assert_eq!(count_tree(&root.join("tree-copy")).unwrap(), st);
+        let (r, secs) = tree(&root, MetaOp::RemoveTree, &copy).unwrap();
+        assert_eq!(r, st);
+        assert!(secs >= 0.0);
+        assert!(!root.join("tree-untar").exists() && !root.join("tree-copy").exists());
+        assert!(tree(&root, MetaOp::Stat, &copy).is_err());
+    }
+
+    #[test]
+    fn stdlib_skip_leaves_out_bytecode_and_third_party() {
+        for d in ["__pycache__", "site-packages", "dist-packages", "config-3.11-x86_64-linux-gnu"] {
+            assert!(stdlib_skip(d), "{d}");
+        }
+        for d in ["asyncio", "test", "lib-dynload", "email", "configparser"] {
+            assert!(!stdlib_skip(d), "{d}");
+        }
+    }
+
+    #[test]
+    fn loops_rename_then_remove_the_renamed_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        for op in [MetaOp::Create, MetaOp::Stat, MetaOp::Rename] {
+            assert_eq!(meta(root, op, 30, 3).unwrap().0, 30, "{op:?}");
+        }
+        assert!(root.join("md-flat/r00000029").exists() && !root.join("md-flat/f00000000").exists());
+        assert_eq!(meta(root, MetaOp::Readdir, 30, 3).unwrap().0, 30);
+        assert_eq!(meta(root, MetaOp::Remove, 30, 3).unwrap().0, 30);
+        assert_eq!(std::fs::read_dir(root.join("md-flat")).unwrap().count(), 0);
+        assert!(meta(root, MetaOp::Untar, 30, 3).is_err());
+    }
 }

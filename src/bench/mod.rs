@@ -72,7 +72,20 @@ pub struct Measurement {
     /// fio hung on its way out after measuring; the figures cover this many seconds.
     #[serde(default)]
     pub hung_at_exit: Option<f64>,
+    /// Metadata jobs: what was timed (ops_per_sec = ops ÷ seconds).
+    #[serde(default)]
+    pub meta: Option<MetaFigures>,
     pub seconds: f64,
+}
+
+/// The timed part of a metadata job.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct MetaFigures {
+    pub ops: u64,
+    pub seconds: f64,
+    /// Bytes copied (untar and cp -r of the real tree).
+    #[serde(default)]
+    pub bytes: Option<u64>,
 }
 
 impl Measurement {
@@ -219,6 +232,8 @@ struct Runner {
     raw: PathBuf,
     /// (target, file) -> size laid out
     laid_out: HashMap<(String, String), u64>,
+    /// The source tree of the real-tree jobs (copied before the jobs), or why there is none.
+    tree: Option<std::result::Result<local::TreeSource, String>>,
 }
 
 impl Runner {
@@ -359,11 +374,17 @@ impl Runner {
                 }
                 m.fio = Some(fio::FioResult::aggregate(&parts));
             }
+            JobKind::Meta { op, .. } if op.is_tree() => {
+                let tag = tag("");
+                self.run_tree_job(t, *op, &tag, m)?;
+            }
             JobKind::Meta { op, files, dirs } => {
                 if let Some(dir) = t.local_dir.clone() {
                     let (ops, secs) = local::meta(&dir, *op, *files, *dirs)?;
                     m.commands.push(format!("local system calls: {:?} over {files} files", op));
+                    self.save_raw(&tag(""), &serde_json::json!({"op": format!("{op:?}"), "ops": ops, "seconds": secs}).to_string());
                     m.ops_per_sec = Some(ops as f64 / secs.max(1e-9));
+                    m.meta = Some(MetaFigures { ops, seconds: secs, bytes: None });
                     return Ok(());
                 }
                 let per = (files / dirs.max(&1)).max(1);
@@ -374,15 +395,22 @@ impl Runner {
                         (vec!["create-loop".into(), "/md-flat".into(), files.to_string()], "ops")
                     }
                     MetaOp::Stat => (vec!["stat-loop".into(), "/md-flat".into(), files.to_string()], "ops"),
+                    // f00000000 -> r00000000 ...: readdir and remove then see the new names.
+                    MetaOp::Rename => (vec!["rename-loop".into(), "/md-flat".into(), files.to_string(), "f".into(), "r".into()], "ops"),
                     MetaOp::Readdir => (vec!["readdir".into(), "/md-flat".into()], "count"),
-                    MetaOp::Remove => (vec!["remove-loop".into(), "/md-flat".into(), files.to_string()], "ops"),
+                    MetaOp::Remove => (vec!["remove-loop".into(), "/md-flat".into(), files.to_string(), "r".into()], "ops"),
+                    MetaOp::Untar | MetaOp::CopyTree | MetaOp::RemoveTree => unreachable!("real-tree jobs run in run_tree_job"),
                 };
                 let (cmd, v) = self.nfsh(t, &args)?;
                 m.commands.push(cmd);
                 self.save_raw(&tag(""), &v.to_string());
                 let ops = v[count_key].as_f64().unwrap_or(0.0);
                 let secs = v["seconds"].as_f64().unwrap_or(0.0);
+                if *op == MetaOp::Readdir && ops != *files as f64 {
+                    bail!("readdir found {ops} entries, expected {files}");
+                }
                 m.ops_per_sec = Some(ops / secs.max(1e-9));
+                m.meta = Some(MetaFigures { ops: ops as u64, seconds: secs, bytes: None });
                 if *op == MetaOp::Tree {
                     if let Some(d) = t.data_dir() {
                         let _ = std::fs::remove_dir_all(d.join("md-tree"));
@@ -390,6 +418,62 @@ impl Runner {
                 }
             }
         }
+        Ok(())
+    }
+}
+
+impl Runner {
+    /// The real-tree workload: untar (the source tree from the local disk into the export),
+    /// cp -r (the unpacked tree inside the export) and rm -rf (the unpacked tree), through
+    /// nfsh put-tree / copy-tree / remove-tree, or with std::fs on the local disk. Every run
+    /// must handle the whole source tree: a file missing from a copy is an error.
+    fn run_tree_job(&mut self, t: &Target, op: MetaOp, tag: &str, m: &mut Measurement) -> Result<()> {
+        let src = match &self.tree {
+            Some(Ok(s)) => s.clone(),
+            Some(Err(e)) => bail!("no source tree: {e}"),
+            None => bail!("no source tree prepared"),
+        };
+        let (got, secs) = if let Some(dir) = t.local_dir.clone() {
+            let (st, secs) = local::tree(&dir, op, &src.path)?;
+            m.commands.push(match op {
+                MetaOp::Untar => format!("local std::fs: copy {} to {}", src.path.display(), dir.join("tree-untar").display()),
+                MetaOp::CopyTree => format!("local std::fs: copy {} to {}", dir.join("tree-untar").display(), dir.join("tree-copy").display()),
+                _ => format!("local std::fs: remove_dir_all {}", dir.join("tree-untar").display()),
+            });
+            let mut v = serde_json::to_value(st)?;
+            v["op"] = format!("{op:?}").into();
+            v["ops"] = st.ops().into();
+            v["seconds"] = secs.into();
+            self.save_raw(tag, &v.to_string());
+            (st, secs)
+        } else {
+            let args: Vec<String> = match op {
+                MetaOp::Untar => vec!["put-tree".into(), src.path.display().to_string(), "/tree-untar".into()],
+                MetaOp::CopyTree => vec!["copy-tree".into(), "/tree-untar".into(), "/tree-copy".into()],
+                _ => vec!["remove-tree".into(), "/tree-untar".into()],
+            };
+            let (cmd, v) = self.nfsh(t, &args)?;
+            m.commands.push(cmd);
+            self.save_raw(tag, &v.to_string());
+            if op == MetaOp::RemoveTree {
+                // The copy goes too, not timed.
+                if let Some(d) = t.data_dir() {
+                    let _ = std::fs::remove_dir_all(d.join("tree-copy"));
+                } else {
+                    let _ = self.nfsh(t, &["remove-tree".into(), "/tree-copy".into()]);
+                }
+            }
+            let n = |k: &str| v[k].as_u64().unwrap_or(0);
+            (local::TreeStats { files: n("files"), dirs: n("dirs"), links: n("links"), bytes: n("bytes") }, v["seconds"].as_f64().unwrap_or(0.0))
+        };
+        let with_bytes = op != MetaOp::RemoveTree;
+        let want = local::TreeStats { bytes: if with_bytes { src.stats.bytes } else { 0 }, ..src.stats };
+        let seen = local::TreeStats { bytes: if with_bytes { got.bytes } else { 0 }, ..got };
+        if seen != want {
+            bail!("{op:?} handled {} of the source tree's {}", seen.describe(), want.describe());
+        }
+        m.ops_per_sec = Some(got.ops() as f64 / secs.max(1e-9));
+        m.meta = Some(MetaFigures { ops: got.ops(), seconds: secs, bytes: with_bytes.then_some(got.bytes) });
         Ok(())
     }
 }
@@ -508,7 +592,26 @@ pub fn run(args: BenchArgs) -> Result<()> {
         notes.push("local ceiling uses ioengine=psync (synchronous): its iodepth is effectively 1".into());
     }
 
-    let mut runner = Runner { fio: fio_bin.clone(), nfsh, raw, laid_out: HashMap::new() };
+    let mut runner = Runner { fio: fio_bin.clone(), nfsh, raw, laid_out: HashMap::new(), tree: None };
+    if jobs.iter().any(|j| matches!(j.kind, JobKind::Meta { op, .. } if op.is_tree())) {
+        eprintln!("bench: copying the source tree of the real-tree jobs to {} (not timed)", work.join("tree-src").display());
+        let src = local::prepare_tree_source(&work.join("tree-src")).map_err(|e| format!("{e:#}"));
+        match &src {
+            Ok(s) => notes.push(format!(
+                "real-tree jobs (untar, cp -r, rm -rf): {} at {}, copied once to {} before the jobs: {} ({} operations per job)",
+                s.what,
+                s.origin.display(),
+                s.path.display(),
+                s.stats.describe(),
+                s.stats.ops()
+            )),
+            Err(e) => {
+                eprintln!("bench: no source tree: {e}");
+                notes.push(format!("real-tree jobs: no source tree ({e})"));
+            }
+        }
+        runner.tree = Some(src);
+    }
     let planned_total: f64 = jobs.iter().map(|j| j.planned_secs()).sum::<f64>() * tgts.len() as f64;
     let mut planned_done = 0.0;
     let t_jobs = Instant::now();

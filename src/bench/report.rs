@@ -118,6 +118,31 @@ fn latency_table(r: &Results, suite: &str) -> Option<Block> {
     (!rows.is_empty()).then_some(Block::Table { header, rows })
 }
 
+/// Metadata jobs: operations and seconds of the timed part, per target.
+fn meta_table(r: &Results, suite: &str) -> Option<Block> {
+    let names = r.target_names();
+    let mut header = vec!["job".to_string()];
+    header.extend(names.iter().map(|n| format!("{n} ops in s")));
+    let mut rows = Vec::new();
+    for j in r.jobs.iter().filter(|j| j.job.suite == suite && matches!(j.job.kind, JobKind::Meta { .. })) {
+        let mut row = vec![j.job.name.clone()];
+        for n in &names {
+            row.push(match j.get(n).filter(|m| m.error.is_none()).and_then(|m| m.meta.as_ref()) {
+                Some(f) => {
+                    let mut c = format!("{} in {:.2} s", f.ops, f.seconds);
+                    if let Some(b) = f.bytes {
+                        c.push_str(&format!(", {:.1} MiB", b as f64 / 1048576.0));
+                    }
+                    c
+                }
+                None => "-".into(),
+            });
+        }
+        rows.push(row);
+    }
+    (!rows.is_empty()).then_some(Block::Table { header, rows })
+}
+
 fn server_table(r: &Results, suite: &str) -> Option<Block> {
     let header = ["job", "client mean (µs)", "server procedure", "calls", "server mean (µs)", "server p50 (µs)", "server p99 (µs)", "server errors"]
         .iter()
@@ -267,6 +292,16 @@ pub fn blocks(r: &Results, old: Option<&Results>, plots: &[(String, String)]) ->
         if suite == "iozone" {
             b.extend(iozone_blocks(r));
             continue;
+        }
+        if let Some(t) = meta_table(r, &suite) {
+            b.push(Block::Heading(3, "Metadata: operations and timed seconds".into()));
+            b.push(Block::Para(
+                "Through libnfs (the test rig's nfsh), one RPC after the other; local: the same with system calls. ops/s = operations ÷ seconds of the timed part. \
+                 The real-tree jobs count one operation per file, directory and symlink: untar writes the source tree from the local disk into the export \
+                 (each file created, written, committed and closed), cp -r copies it inside the export, rm -rf removes it. The source tree is named in the notes above."
+                    .into(),
+            ));
+            b.push(t);
         }
         if let Some(t) = latency_table(r, &suite) {
             b.push(Block::Heading(3, "Completion latency (client side)".into()));
@@ -540,6 +575,34 @@ mod tests {
         let Block::Table { header, rows } = main_table(&r, "smoke") else { panic!() };
         assert_eq!(header, ["job", "unit", "nasd", "ganesha", "local", "nasd÷ganesha", "nasd÷local"]);
         assert_eq!(rows[0], ["4k randread qd1", "IOPS", "3000", "1500", "error", "2.00×", "-"]);
+    }
+
+    #[test]
+    fn metadata_jobs_show_operations_and_seconds() {
+        let mut r = results();
+        r.suite = "metadata".into();
+        let meas = |t: &str, ops: u64, secs: f64, bytes: Option<u64>| Measurement {
+            target: t.into(),
+            ops_per_sec: Some(ops as f64 / secs),
+            meta: Some(super::super::MetaFigures { ops, seconds: secs, bytes }),
+            ..Default::default()
+        };
+        r.jobs = vec![JobResult {
+            job: Job {
+                suite: "metadata".into(),
+                name: "untar tree".into(),
+                group: "metadata".into(),
+                x: 0.0,
+                metric: Metric::OpsPerSec,
+                kind: JobKind::Meta { op: super::super::suites::MetaOp::Untar, files: 0, dirs: 0 },
+            },
+            runs: vec![meas("nasd", 3000, 2.0, Some(64 << 20)), meas("ganesha", 3000, 4.0, Some(64 << 20)), meas("local", 3000, 0.5, Some(64 << 20))],
+        }];
+        let Block::Table { rows, .. } = main_table(&r, "metadata") else { panic!() };
+        assert_eq!(rows[0], ["untar tree", "ops/s", "1500", "750", "6000", "2.00×", "0.25×"]);
+        let md = markdown(&r, None, &[]);
+        assert!(md.contains("| job | nasd ops in s | ganesha ops in s | local ops in s |"), "{md}");
+        assert!(md.contains("| untar tree | 3000 in 2.00 s, 64.0 MiB | 3000 in 4.00 s, 64.0 MiB | 3000 in 0.50 s, 64.0 MiB |"), "{md}");
     }
 
     #[test]

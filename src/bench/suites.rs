@@ -31,8 +31,24 @@ pub enum MetaOp {
     Tree,
     Create,
     Stat,
+    /// Rename each file of the flat directory (f00000000 -> r00000000).
+    Rename,
     Readdir,
+    /// Remove the renamed files.
     Remove,
+    /// The real-tree workload: recreate a source tree from the local disk ("tar x").
+    Untar,
+    /// Copy the unpacked tree inside the export ("cp -r").
+    CopyTree,
+    /// Remove the unpacked tree ("rm -rf").
+    RemoveTree,
+}
+
+impl MetaOp {
+    /// Jobs of the real-tree workload (their size is the source tree's, not `files`).
+    pub fn is_tree(self) -> bool {
+        matches!(self, MetaOp::Untar | MetaOp::CopyTree | MetaOp::RemoveTree)
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -62,6 +78,7 @@ impl Job {
         match &self.kind {
             JobKind::Fio(s) | JobKind::Scale { shape: s, .. } => (s.runtime + s.ramp) as f64 + 1.0,
             JobKind::Iozone { shape, .. } => 0.3 + shape.size as f64 / (200.0 * M as f64),
+            JobKind::Meta { op, .. } if op.is_tree() => 10.0,
             JobKind::Meta { files, .. } => 1.0 + *files as f64 / 2000.0,
         }
     }
@@ -223,19 +240,36 @@ fn iozone(p: Params) -> Vec<Job> {
     v
 }
 
+/// The real-tree jobs and their names, in job order.
+pub const TREE_JOBS: [(MetaOp, &str); 3] = [(MetaOp::Untar, "untar tree"), (MetaOp::CopyTree, "cp -r tree"), (MetaOp::RemoveTree, "rm -rf tree")];
+
+/// The metadata suite: loops over `files` files (mkdir-tree, create, stat, rename, readdir,
+/// remove), then the real-tree workload (untar, cp -r, rm -rf of a source tree).
 fn metadata(smoke: bool) -> Vec<Job> {
     let (files, dirs) = if smoke { (200, 4) } else { (5000, 50) };
-    [(MetaOp::Tree, "mkdir-tree"), (MetaOp::Create, "create"), (MetaOp::Stat, "stat"), (MetaOp::Readdir, "readdir"), (MetaOp::Remove, "remove")]
-        .into_iter()
-        .map(|(op, n)| Job {
-            suite: "metadata".into(),
-            name: if op == MetaOp::Tree { format!("{n} {dirs} dirs × {} files", files / dirs) } else { format!("{n} {files} files") },
-            group: "metadata".into(),
-            x: 0.0,
-            metric: Metric::OpsPerSec,
-            kind: JobKind::Meta { op, files, dirs },
-        })
-        .collect()
+    [
+        (MetaOp::Tree, "mkdir-tree"),
+        (MetaOp::Create, "create"),
+        (MetaOp::Stat, "stat"),
+        (MetaOp::Rename, "rename"),
+        (MetaOp::Readdir, "readdir"),
+        (MetaOp::Remove, "remove"),
+    ]
+    .into_iter()
+    .chain(TREE_JOBS)
+    .map(|(op, n)| Job {
+        suite: "metadata".into(),
+        name: match op {
+            MetaOp::Tree => format!("{n} {dirs} dirs × {} files", files / dirs),
+            _ if op.is_tree() => n.to_string(),
+            _ => format!("{n} {files} files"),
+        },
+        group: "metadata".into(),
+        x: 0.0,
+        metric: Metric::OpsPerSec,
+        kind: JobKind::Meta { op, files, dirs },
+    })
+    .collect()
 }
 
 /// The jobs of a suite. `p` gives the fio run-time and file size (for iozone: the largest file).
@@ -281,6 +315,49 @@ mod tests {
             assert!(names.contains(&n), "{n} missing from {names:?}");
         }
         assert!(j.iter().map(|j| j.planned_secs()).sum::<f64>() < 150.0);
+    }
+
+    #[test]
+    fn metadata_has_rename_and_the_real_tree() {
+        for suite in ["metadata", "all"] {
+            let j: Vec<Job> = jobs(suite, default_params(suite)).into_iter().filter(|j| j.suite == "metadata").collect();
+            let names: Vec<&str> = j.iter().map(|j| j.name.as_str()).collect();
+            assert_eq!(
+                names,
+                [
+                    "mkdir-tree 50 dirs × 100 files",
+                    "create 5000 files",
+                    "stat 5000 files",
+                    "rename 5000 files",
+                    "readdir 5000 files",
+                    "remove 5000 files",
+                    "untar tree",
+                    "cp -r tree",
+                    "rm -rf tree"
+                ],
+                "{suite}"
+            );
+            let ops: Vec<MetaOp> = j
+                .iter()
+                .map(|j| match j.kind {
+                    JobKind::Meta { op, .. } => op,
+                    _ => panic!("{} is not a metadata job", j.name),
+                })
+                .collect();
+            // rename runs on the files create made and stat looked at; readdir and remove
+            // see the renamed files; the tree is unpacked before it is copied and removed.
+            let at = |op: MetaOp| ops.iter().position(|o| *o == op).unwrap();
+            assert!(at(MetaOp::Create) < at(MetaOp::Stat) && at(MetaOp::Stat) < at(MetaOp::Rename));
+            assert!(at(MetaOp::Rename) < at(MetaOp::Readdir) && at(MetaOp::Readdir) < at(MetaOp::Remove));
+            assert!(at(MetaOp::Untar) < at(MetaOp::CopyTree) && at(MetaOp::CopyTree) < at(MetaOp::RemoveTree));
+            assert_eq!(ops.iter().filter(|o| o.is_tree()).count(), 3);
+            assert!(j.iter().all(|j| j.metric == Metric::OpsPerSec && j.group == "metadata"));
+            assert!(j.iter().all(|j| j.planned_secs() > 0.0));
+        }
+        // results.json of older runs (without the new operations) still parse
+        let old: MetaOp = serde_json::from_str("\"Readdir\"").unwrap();
+        assert_eq!(old, MetaOp::Readdir);
+        assert_eq!(serde_json::to_string(&MetaOp::CopyTree).unwrap(), "\"CopyTree\"");
     }
 
     #[test]

@@ -13,9 +13,12 @@ edit of nfsh.c rebuilds automatically.
 
 Commands (all paths relative to the export root; see nfsh.c for details):
   stat PATH, lstat PATH, statvfs PATH,
-  create-loop DIR N, stat-loop DIR N, remove-loop DIR N  (DIR/f00000000 ...),
+  create-loop DIR N, stat-loop DIR N, remove-loop DIR N [PREFIX]  (DIR/f00000000 ...),
+  rename-loop DIR N [FROM TO]  (DIR/f00000000 -> DIR/r00000000 ...),
   readdir DIR [--names]  (exit 3 when names are duplicated),
   mkdir-tree DIR DIRS FILES_PER_DIR  (DIR/d00000/f00000000 ...),
+  put-tree LOCALDIR DIR, copy-tree SRC DST, remove-tree DIR  ("untar", "cp -r",
+      "rm -rf": {"ops": files+dirs+links, "files", "dirs", "links", "bytes", "seconds"}),
   hold-and-read PATH SECONDS  (one JSON line per 0.5 s attempt + a summary),
   write-pattern PATH SIZE SEED, verify-pattern PATH SIZE SEED  (exit 3 on mismatch),
   cat PATH, mkdir, rmdir, unlink, readlink PATH, rename/link OLD NEW,

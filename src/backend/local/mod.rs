@@ -199,6 +199,22 @@ impl LocalFs {
         Ok(fd)
     }
 
+    /// A regular file the caller may read (`R`) or write (`W`): the object, its current
+    /// attributes and a descriptor for the I/O.
+    fn data_io(&self, cred: &Cred, id: &ObjectId, want: u32) -> VfsResult<(Arc<CachedObject>, Attr, Arc<OwnedFd>)> {
+        let (obj, attr) = self.resolve(cred, id)?;
+        match attr.kind {
+            FileKind::Regular => {}
+            FileKind::Directory => return Err(VfsError::IsDir),
+            _ => return Err(VfsError::Inval),
+        }
+        if !may_io(cred, &attr, want) {
+            return Err(VfsError::Access);
+        }
+        let fd = self.io_fd(cred, &obj, &attr)?;
+        Ok((obj, attr, fd))
+    }
+
     fn is_root(&self, attr: &Attr) -> bool {
         attr.fileid == self.root_ino
     }
@@ -400,16 +416,7 @@ impl Vfs for LocalFs {
     }
 
     fn read(&self, cred: &Cred, id: &ObjectId, offset: u64, count: usize, out: &mut Vec<u8>, blocking: Blocking) -> VfsResult<ReadResult> {
-        let (obj, attr) = self.resolve(cred, id)?;
-        match attr.kind {
-            FileKind::Regular => {}
-            FileKind::Directory => return Err(VfsError::IsDir),
-            _ => return Err(VfsError::Inval),
-        }
-        if !may_io(cred, &attr, R) {
-            return Err(VfsError::Access);
-        }
-        let fd = self.io_fd(cred, &obj, &attr)?;
+        let (_, attr, fd) = self.data_io(cred, id, R)?;
         let nowait = blocking == Blocking::Forbidden;
         let count = if offset >= attr.size { 0 } else { sys::pread_append(&fd, out, count, offset, nowait)? };
         let eof = offset.saturating_add(count as u64) >= attr.size;
@@ -417,16 +424,7 @@ impl Vfs for LocalFs {
     }
 
     fn read_in_place(&self, cred: &Cred, id: &ObjectId, offset: u64, count: usize) -> VfsResult<Option<(ReadResult, FileRange)>> {
-        let (obj, attr) = self.resolve(cred, id)?;
-        match attr.kind {
-            FileKind::Regular => {}
-            FileKind::Directory => return Err(VfsError::IsDir),
-            _ => return Err(VfsError::Inval),
-        }
-        if !may_io(cred, &attr, R) {
-            return Err(VfsError::Access);
-        }
-        let fd = self.io_fd(cred, &obj, &attr)?;
+        let (_, attr, fd) = self.data_io(cred, id, R)?;
         let len = attr.size.saturating_sub(offset).min(count as u64) as usize;
         match sys::in_page_cache(&fd, offset, len) {
             None => return Ok(None),
@@ -446,15 +444,6 @@ impl Vfs for LocalFs {
         stable: Stability,
         blocking: Blocking,
     ) -> VfsResult<WriteResult> {
-        let (obj, before) = self.resolve(cred, id)?;
-        match before.kind {
-            FileKind::Regular => {}
-            FileKind::Directory => return Err(VfsError::IsDir),
-            _ => return Err(VfsError::Inval),
-        }
-        if !may_io(cred, &before, W) {
-            return Err(VfsError::Access);
-        }
         if offset.checked_add(data.len() as u64).map_or(true, |end| end > i64::MAX as u64) {
             return Err(VfsError::FBig);
         }
@@ -464,7 +453,7 @@ impl Vfs for LocalFs {
         if needs_sync && blocking == Blocking::Forbidden {
             return Err(VfsError::WouldBlock);
         }
-        let fd = self.io_fd(cred, &obj, &before)?;
+        let (obj, before, fd) = self.data_io(cred, id, W)?;
         let count = match blocking {
             Blocking::Forbidden => self.write_nowait(&fd, data, offset, before.size)?,
             Blocking::Allowed => sys::pwrite(&fd, data, offset, 0)?,

@@ -22,9 +22,11 @@
  * Written against libnfs 4.0 (Debian 12); uses only long-standing API.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,6 +107,23 @@ static void die(const char *op, const char *path, int rc)
 	exit(1);
 }
 
+/* A failed system call on a local path (put-tree's source): errno e. */
+static void die_local(const char *op, const char *path, int e)
+{
+	printf("{\"ok\":false,\"op\":");
+	json_str(stdout, op);
+	printf(",\"path\":");
+	json_str(stdout, path);
+	printf(",\"local\":true,\"errno\":%d,\"strerror\":", e);
+	json_str(stdout, strerror(e));
+	printf(",\"error\":");
+	json_str(stdout, strerror(e));
+	printf("}\n");
+	fflush(stdout);
+	fprintf(stderr, "nfsh: local %s %s failed: %s\n", op, path, strerror(e));
+	exit(1);
+}
+
 static void usage(void)
 {
 	fprintf(stderr,
@@ -113,9 +132,14 @@ static void usage(void)
 		"  statvfs PATH\n"
 		"  create-loop DIR N               create+close DIR/f00000000..N-1\n"
 		"  stat-loop DIR N                 stat DIR/f00000000..N-1\n"
-		"  remove-loop DIR N               unlink DIR/f00000000..N-1\n"
+		"  rename-loop DIR N [FROM TO]     rename DIR/f00000000 -> DIR/r00000000 ...\n"
+		"                                  (name prefixes FROM, TO; default f r)\n"
+		"  remove-loop DIR N [PREFIX]      unlink DIR/f00000000..N-1 (PREFIX default f)\n"
 		"  readdir DIR [--names]           count entries, check names unique\n"
 		"  mkdir-tree DIR DIRS FILES       DIR/dNNNNN/fNNNNNNNN\n"
+		"  put-tree LOCALDIR DIR           recreate a local tree under DIR (\"untar\")\n"
+		"  copy-tree SRC DST               copy a tree inside the export (\"cp -r\")\n"
+		"  remove-tree DIR                 remove a tree (\"rm -rf\")\n"
 		"  hold-and-read PATH SECONDS      re-read through one open handle\n"
 		"  write-pattern PATH SIZE SEED    deterministic content (SIZE: 4k, 1m...)\n"
 		"  verify-pattern PATH SIZE SEED\n"
@@ -195,11 +219,26 @@ static char *join(const char *dir, const char *name)
 	return r;
 }
 
+static char *loop_name_p(const char *dir, const char *prefix, long i)
+{
+	char buf[64];
+	snprintf(buf, sizeof buf, "%s%08ld", prefix, i);
+	return join(dir, buf);
+}
+
 static char *loop_name(const char *dir, long i)
 {
-	char buf[32];
-	snprintf(buf, sizeof buf, "f%08ld", i);
-	return join(dir, buf);
+	return loop_name_p(dir, "f", i);
+}
+
+/* A name prefix for the loops: short, no '/'. */
+static const char *loop_prefix(const char *s)
+{
+	if (!*s || strlen(s) > 32 || strchr(s, '/')) {
+		fprintf(stderr, "nfsh: bad name prefix '%s'\n", s);
+		exit(2);
+	}
+	return s;
 }
 
 /* ------------------------------------------------------------- pattern */
@@ -344,13 +383,35 @@ static int cmd_stat_loop(char **a)
 	return 0;
 }
 
-static int cmd_remove_loop(char **a)
+static int cmd_rename_loop(char **a, int argc)
 {
 	char *d = abspath(a[0]);
 	long n = parse_long(a[1]);
+	if (argc == 3)
+		usage(); /* FROM without TO */
+	const char *from = loop_prefix(argc > 3 ? a[2] : "f");
+	const char *to = loop_prefix(argc > 3 ? a[3] : "r");
 	double t0 = now();
 	for (long i = 0; i < n; i++) {
-		char *p = loop_name(d, i);
+		char *o = loop_name_p(d, from, i), *p = loop_name_p(d, to, i);
+		int rc = nfs_rename(nfs, o, p);
+		if (rc < 0)
+			die("rename", o, rc);
+		free(o);
+		free(p);
+	}
+	print_loop("rename", n, now() - t0);
+	return 0;
+}
+
+static int cmd_remove_loop(char **a, int argc)
+{
+	char *d = abspath(a[0]);
+	long n = parse_long(a[1]);
+	const char *prefix = loop_prefix(argc > 2 ? a[2] : "f");
+	double t0 = now();
+	for (long i = 0; i < n; i++) {
+		char *p = loop_name_p(d, prefix, i);
 		int rc = nfs_unlink(nfs, p);
 		if (rc < 0)
 			die("unlink", p, rc);
@@ -458,6 +519,359 @@ static int cmd_mkdir_tree(char **a)
 	printf("{\"ok\":true,\"op\":\"mkdir-tree\",\"dirs\":%ld,\"files\":%ld,"
 	       "\"ops\":%ld,\"seconds\":%.6f}\n",
 	       dirs, dirs * files, ops, secs);
+	return 0;
+}
+
+/* -------------------------------------------------------------- trees */
+
+/* put-tree / copy-tree / remove-tree: what `tar x`, `cp -r` and `rm -rf` do on
+ * an NFS mount, one RPC after the other.  Regular files are created,
+ * written (UNSTABLE) and closed, and libnfs commits a written file on close
+ * (a kernel client flushes and commits on close too); their mode is kept
+ * (plus u+rw), times and owners are not.
+ * Directories, regular files and symlinks are handled; anything else is
+ * counted as "skipped".  libnfs resolves every path from the export root, so
+ * each call also LOOKUPs the path's directories (there is no client cache). */
+
+struct tree_count {
+	long files, dirs, links, skipped;
+	uint64_t bytes;
+};
+
+static char *io_buf;
+static size_t io_len;
+
+static void io_buf_init(void)
+{
+	if (io_buf)
+		return;
+	size_t r = io_chunk(0), w = io_chunk(1);
+	io_len = r < w ? r : w;
+	io_buf = malloc(io_len);
+	if (!io_buf) {
+		perror("nfsh");
+		exit(1);
+	}
+}
+
+static void print_tree(const char *op, const struct tree_count *c, double secs, int bytes)
+{
+	long ops = c->files + c->dirs + c->links;
+	printf("{\"ok\":true,\"op\":\"%s\",\"files\":%ld,\"dirs\":%ld,\"links\":%ld,"
+	       "\"skipped\":%ld,\"ops\":%ld,",
+	       op, c->files, c->dirs, c->links, c->skipped, ops);
+	if (bytes)
+		printf("\"bytes\":%" PRIu64 ",", c->bytes);
+	printf("\"seconds\":%.6f,\"ops_per_sec\":%.1f}\n", secs, secs > 0 ? ops / secs : 0.0);
+}
+
+static void pwrite_all(struct nfsfh *fh, const char *p, uint64_t off, const char *buf, size_t len)
+{
+	while (len > 0) {
+		int rc = nfs_pwrite(nfs, fh, off, len, buf);
+		if (rc < 0)
+			die("pwrite", p, rc);
+		if (rc == 0)
+			die("pwrite(short)", p, -EIO);
+		off += rc;
+		buf += rc;
+		len -= rc;
+	}
+}
+
+/* Close a file written through fh.  libnfs (4.0) sends a COMMIT on close
+ * when the handle was written to (as a kernel client flushes and commits on
+ * close), so no nfs_fsync here: that would COMMIT twice. */
+static void finish_file(struct nfsfh *fh, const char *p)
+{
+	int rc = nfs_close(nfs, fh);
+	if (rc < 0)
+		die("close", p, rc);
+}
+
+static void mkdir_mode(const char *p, int mode, int allow_exist)
+{
+	int rc = nfs_mkdir2(nfs, p, mode);
+	if (rc < 0 && !(allow_exist && rc == -EEXIST))
+		die("mkdir", p, rc);
+}
+
+static void put_file(const char *lp, const char *rp, mode_t mode, struct tree_count *c)
+{
+	int fd = open(lp, O_RDONLY);
+	if (fd < 0)
+		die_local("open", lp, errno);
+	struct nfsfh *fh;
+	int rc = nfs_creat(nfs, rp, (mode & 0777) | 0600, &fh);
+	if (rc < 0)
+		die("creat", rp, rc);
+	uint64_t off = 0;
+	for (;;) {
+		ssize_t n = read(fd, io_buf, io_len);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			die_local("read", lp, errno);
+		}
+		if (n == 0)
+			break;
+		pwrite_all(fh, rp, off, io_buf, n);
+		off += n;
+	}
+	close(fd);
+	finish_file(fh, rp);
+	c->files++;
+	c->bytes += off;
+}
+
+static void put_tree_rec(const char *local, const char *remote, struct tree_count *c)
+{
+	DIR *d = opendir(local);
+	if (!d)
+		die_local("opendir", local, errno);
+	struct dirent *e;
+	errno = 0;
+	while ((e = readdir(d)) != NULL) {
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+			continue;
+		char *lp = join(local, e->d_name), *rp = join(remote, e->d_name);
+		struct stat st;
+		if (lstat(lp, &st) < 0)
+			die_local("lstat", lp, errno);
+		if (S_ISDIR(st.st_mode)) {
+			mkdir_mode(rp, (st.st_mode & 0777) | 0700, 0);
+			c->dirs++;
+			put_tree_rec(lp, rp, c);
+		} else if (S_ISREG(st.st_mode)) {
+			put_file(lp, rp, st.st_mode, c);
+		} else if (S_ISLNK(st.st_mode)) {
+			char target[PATH_MAX + 1];
+			ssize_t n = readlink(lp, target, PATH_MAX);
+			if (n < 0)
+				die_local("readlink", lp, errno);
+			target[n] = 0;
+			int rc = nfs_symlink(nfs, target, rp);
+			if (rc < 0)
+				die("symlink", rp, rc);
+			c->links++;
+		} else {
+			c->skipped++;
+		}
+		free(lp);
+		free(rp);
+		errno = 0;
+	}
+	if (errno)
+		die_local("readdir", local, errno);
+	closedir(d);
+}
+
+static int cmd_put_tree(char **a)
+{
+	const char *local = a[0];
+	char *root = abspath(a[1]);
+	struct stat st;
+	if (stat(local, &st) < 0)
+		die_local("stat", local, errno);
+	if (!S_ISDIR(st.st_mode))
+		die_local("stat", local, ENOTDIR);
+	io_buf_init();
+	struct tree_count c = { 0 };
+	double t0 = now();
+	mkdir_mode(root, (st.st_mode & 0777) | 0700, 1);
+	c.dirs++;
+	put_tree_rec(local, root, &c);
+	print_tree("put-tree", &c, now() - t0, 1);
+	return 0;
+}
+
+struct ent {
+	char *name;
+	uint32_t mode; /* S_IFMT bits + permissions */
+	uint64_t size;
+};
+
+/* File type and permissions of a directory entry.  `type` is the ftype3
+ * (NFSv3) or nfs_ftype4 (NFSv4) of READDIRPLUS: both number REG 1, DIR 2,
+ * BLK 3, CHR 4, LNK 5, SOCK 6, FIFO 7.  0 when the server sent no attributes. */
+static uint32_t ent_mode(uint32_t type, uint32_t mode)
+{
+	static const uint32_t fmt[8] = { 0, S_IFREG, S_IFDIR, S_IFBLK, S_IFCHR,
+					 S_IFLNK, S_IFSOCK, S_IFIFO };
+	if (type >= 1 && type <= 7)
+		return fmt[type] | (mode & 07777);
+	return (mode & S_IFMT) ? mode : 0;
+}
+
+/* All entries of an NFS directory except . and .. (READDIRPLUS; the
+ * directory is read completely by nfs_opendir and closed before we change
+ * it).  An entry without attributes is looked up. */
+static struct ent *list_dir(const char *dir, size_t *count)
+{
+	struct nfsdir *d;
+	int rc = nfs_opendir(nfs, dir, &d);
+	if (rc < 0)
+		die("opendir", dir, rc);
+	size_t cap = 64, n = 0;
+	struct ent *v = malloc(cap * sizeof *v);
+	struct nfsdirent *e;
+	while ((e = nfs_readdir(nfs, d)) != NULL) {
+		if (!strcmp(e->name, ".") || !strcmp(e->name, ".."))
+			continue;
+		if (n == cap)
+			v = realloc(v, (cap *= 2) * sizeof *v);
+		v[n].name = strdup(e->name);
+		v[n].mode = ent_mode(e->type, e->mode);
+		v[n].size = e->size;
+		n++;
+	}
+	nfs_closedir(nfs, d);
+	for (size_t i = 0; i < n; i++) {
+		if (v[i].mode & S_IFMT)
+			continue;
+		char *p = join(dir, v[i].name);
+		struct nfs_stat_64 st;
+		if ((rc = nfs_lstat64(nfs, p, &st)) < 0)
+			die("lstat", p, rc);
+		v[i].mode = st.nfs_mode;
+		v[i].size = st.nfs_size;
+		free(p);
+	}
+	*count = n;
+	return v;
+}
+
+static void free_ents(struct ent *v, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		free(v[i].name);
+	free(v);
+}
+
+/* Copy a regular file of `size` bytes (from READDIRPLUS): read up to the
+ * size, as a client that knows the size from the attributes does. */
+static void copy_file(const char *sp, const char *dp, const struct ent *en, struct tree_count *c)
+{
+	struct nfsfh *in, *out;
+	int rc = nfs_open(nfs, sp, O_RDONLY, &in);
+	if (rc < 0)
+		die("open", sp, rc);
+	rc = nfs_creat(nfs, dp, (en->mode & 0777) | 0600, &out);
+	if (rc < 0)
+		die("creat", dp, rc);
+	uint64_t off = 0;
+	while (off < en->size) {
+		uint64_t want = en->size - off < io_len ? en->size - off : io_len;
+		rc = nfs_pread(nfs, in, off, want, io_buf);
+		if (rc < 0)
+			die("pread", sp, rc);
+		if (rc == 0)
+			break; /* shrank meanwhile */
+		pwrite_all(out, dp, off, io_buf, rc);
+		off += rc;
+	}
+	if ((rc = nfs_close(nfs, in)) < 0)
+		die("close", sp, rc);
+	finish_file(out, dp);
+	c->files++;
+	c->bytes += off;
+}
+
+static void copy_tree_rec(const char *src, const char *dst, struct tree_count *c)
+{
+	size_t n;
+	struct ent *v = list_dir(src, &n);
+	for (size_t i = 0; i < n; i++) {
+		char *sp = join(src, v[i].name), *dp = join(dst, v[i].name);
+		switch (v[i].mode & S_IFMT) {
+		case S_IFDIR:
+			mkdir_mode(dp, (v[i].mode & 0777) | 0700, 0);
+			c->dirs++;
+			copy_tree_rec(sp, dp, c);
+			break;
+		case S_IFREG:
+			copy_file(sp, dp, &v[i], c);
+			break;
+		case S_IFLNK: {
+			char target[PATH_MAX + 1];
+			memset(target, 0, sizeof target);
+			int rc = nfs_readlink(nfs, sp, target, PATH_MAX);
+			if (rc < 0)
+				die("readlink", sp, rc);
+			if ((rc = nfs_symlink(nfs, target, dp)) < 0)
+				die("symlink", dp, rc);
+			c->links++;
+			break;
+		}
+		default:
+			c->skipped++;
+		}
+		free(sp);
+		free(dp);
+	}
+	free_ents(v, n);
+}
+
+static int cmd_copy_tree(char **a)
+{
+	char *src = abspath(a[0]), *dst = abspath(a[1]);
+	io_buf_init();
+	struct tree_count c = { 0 };
+	double t0 = now();
+	struct nfs_stat_64 st;
+	int rc = nfs_stat64(nfs, src, &st);
+	if (rc < 0)
+		die("stat", src, rc);
+	if ((st.nfs_mode & S_IFMT) != S_IFDIR)
+		die("stat", src, -ENOTDIR);
+	mkdir_mode(dst, (st.nfs_mode & 0777) | 0700, 0);
+	c.dirs++;
+	copy_tree_rec(src, dst, &c);
+	print_tree("copy-tree", &c, now() - t0, 1);
+	return 0;
+}
+
+/* Depth first: the entries (subdirectories recursively), then the directory. */
+static void remove_tree_rec(const char *dir, struct tree_count *c)
+{
+	size_t n;
+	struct ent *v = list_dir(dir, &n);
+	for (size_t i = 0; i < n; i++) {
+		char *p = join(dir, v[i].name);
+		uint32_t fmt = v[i].mode & S_IFMT;
+		if (fmt == S_IFDIR) {
+			remove_tree_rec(p, c);
+		} else {
+			int rc = nfs_unlink(nfs, p);
+			if (rc < 0)
+				die("unlink", p, rc);
+			if (fmt == S_IFLNK)
+				c->links++;
+			else if (fmt == S_IFREG)
+				c->files++;
+			else
+				c->skipped++;
+		}
+		free(p);
+	}
+	free_ents(v, n);
+	int rc = nfs_rmdir(nfs, dir);
+	if (rc < 0)
+		die("rmdir", dir, rc);
+	c->dirs++;
+}
+
+static int cmd_remove_tree(char **a)
+{
+	char *root = abspath(a[0]);
+	if (!strcmp(root, "/")) {
+		fprintf(stderr, "nfsh: remove-tree: will not remove the export root\n");
+		exit(2);
+	}
+	struct tree_count c = { 0 };
+	double t0 = now();
+	remove_tree_rec(root, &c);
+	print_tree("remove-tree", &c, now() - t0, 0);
 	return 0;
 }
 
@@ -733,6 +1147,8 @@ struct cmd {
 static const struct cmd cmds[] = {
 	{ "stat", 1 }, { "lstat", 1 }, { "statvfs", 1 },
 	{ "create-loop", 2 }, { "stat-loop", 2 }, { "remove-loop", 2 },
+	{ "rename-loop", 2 }, { "put-tree", 2 }, { "copy-tree", 2 },
+	{ "remove-tree", 1 },
 	{ "readdir", 1 }, { "mkdir-tree", 3 }, { "hold-and-read", 2 },
 	{ "write-pattern", 3 }, { "verify-pattern", 3 }, { "cat", 1 },
 	{ "mkdir", 1 }, { "rmdir", 1 }, { "unlink", 1 }, { "readlink", 1 },
@@ -796,7 +1212,15 @@ int main(int argc, char **argv)
 	else if (!strcmp(cmd, "stat-loop"))
 		rc = cmd_stat_loop(a);
 	else if (!strcmp(cmd, "remove-loop"))
-		rc = cmd_remove_loop(a);
+		rc = cmd_remove_loop(a, na);
+	else if (!strcmp(cmd, "rename-loop"))
+		rc = cmd_rename_loop(a, na);
+	else if (!strcmp(cmd, "put-tree"))
+		rc = cmd_put_tree(a);
+	else if (!strcmp(cmd, "copy-tree"))
+		rc = cmd_copy_tree(a);
+	else if (!strcmp(cmd, "remove-tree"))
+		rc = cmd_remove_tree(a);
 	else if (!strcmp(cmd, "readdir"))
 		rc = cmd_readdir(a, na);
 	else if (!strcmp(cmd, "mkdir-tree"))
