@@ -34,6 +34,8 @@ pub struct Metrics {
     rpc_errors: Mutex<BTreeMap<&'static str, u64>>,
     read_bytes: AtomicU64,
     write_bytes: AtomicU64,
+    /// WRITE calls by the stability the client asked for (unstable, data_sync, file_sync).
+    writes_by_stability: [AtomicU64; 3],
     connections: AtomicI64,
     connections_total: AtomicU64,
     in_flight: AtomicI64,
@@ -79,6 +81,18 @@ impl Metrics {
 
     pub fn add_write_bytes(&self, n: u64) {
         self.write_bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counts a completed WRITE by the stability the client asked for: shows whether
+    /// clients rely on COMMIT or pay for a sync per write.
+    pub fn count_write(&self, requested: crate::vfs::Stability) {
+        use crate::vfs::Stability::*;
+        let i = match requested {
+            Unstable => 0,
+            DataSync => 1,
+            FileSync => 2,
+        };
+        self.writes_by_stability[i].fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn connection_opened(&self) {
@@ -141,6 +155,11 @@ impl Metrics {
         for ((prog, proc_name, st), n) in self.statuses.lock().iter() {
             writeln!(o, "nasd_rpc_errors_total{{program=\"{prog}\",procedure=\"{proc_name}\",status=\"{st}\"}} {n}")?;
         }
+        writeln!(o, "# HELP nasd_write_requests_total WRITE calls completed, by the stability the client asked for.")?;
+        writeln!(o, "# TYPE nasd_write_requests_total counter")?;
+        for (label, n) in ["unstable", "data_sync", "file_sync"].iter().zip(&self.writes_by_stability) {
+            writeln!(o, "nasd_write_requests_total{{stable=\"{label}\"}} {}", n.load(Ordering::Relaxed))?;
+        }
         writeln!(o, "# HELP nasd_rpc_rejected_total Calls rejected at the RPC layer.")?;
         writeln!(o, "# TYPE nasd_rpc_rejected_total counter")?;
         for (kind, n) in self.rpc_errors.lock().iter() {
@@ -182,11 +201,17 @@ mod tests {
         m.record_call(100003, 1, Duration::from_millis(2), Some(70));
         m.record_call(100003, 9, Duration::from_millis(2), None); // unknown procedure: ignored
         m.add_read_bytes(4096);
+        m.count_write(crate::vfs::Stability::FileSync);
+        m.count_write(crate::vfs::Stability::FileSync);
+        m.count_write(crate::vfs::Stability::Unstable);
         let text = m.render();
         assert!(text.contains("nasd_rpc_calls_total{program=\"nfs3\",procedure=\"GETATTR\"} 2"), "{text}");
         assert!(text.contains("nasd_rpc_latency_seconds_bucket{program=\"nfs3\",procedure=\"GETATTR\",le=\"0.00005\"} 1"), "{text}");
         assert!(text.contains("nasd_rpc_latency_seconds_bucket{program=\"nfs3\",procedure=\"GETATTR\",le=\"+Inf\"} 2"));
         assert!(text.contains("nasd_rpc_errors_total{program=\"nfs3\",procedure=\"GETATTR\",status=\"70\"} 1"));
         assert!(text.contains("nasd_read_bytes_total 4096"));
+        assert!(text.contains("nasd_write_requests_total{stable=\"unstable\"} 1"), "{text}");
+        assert!(text.contains("nasd_write_requests_total{stable=\"data_sync\"} 0"), "{text}");
+        assert!(text.contains("nasd_write_requests_total{stable=\"file_sync\"} 2"), "{text}");
     }
 }

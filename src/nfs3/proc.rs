@@ -246,6 +246,7 @@ fn write(
     out.u32(stable_code(r.committed));
     out.fixed(&adm.rt.vfs.write_verifier());
     state.metrics.add_write_bytes(r.count as u64);
+    state.metrics.count_write(stable);
     Ok(())
 }
 

@@ -143,6 +143,8 @@ static void usage(void)
 		"  hold-and-read PATH SECONDS      re-read through one open handle\n"
 		"  write-pattern PATH SIZE SEED    deterministic content (SIZE: 4k, 1m...)\n"
 		"  verify-pattern PATH SIZE SEED\n"
+		"  durable-writer DIR N SEED       N puts/renames/truncates/removes in DIR,\n"
+		"                                  each logged when sent and when done\n"
 		"  cat PATH                        file content to stdout (raw)\n"
 		"  mkdir PATH | rmdir PATH | unlink PATH | readlink PATH\n"
 		"  rename OLD NEW | link OLD NEW | symlink TARGET PATH\n"
@@ -1137,6 +1139,121 @@ static int cmd_simple(const char *cmd, char **a, int argc)
 	return 2;
 }
 
+/* ------------------------------------------------------ durable-writer */
+
+/*
+ * The libnfs side of the crash test: N operations in DIR, one at a time, each
+ * printed (and flushed) as {"i":I,"state":"sent",...} before it starts and
+ * {"i":I,"state":"done"} once libnfs reports it complete, so a checker knows what
+ * the server acknowledged when it was killed. Operations, chosen by SEED:
+ *   put       create fI (O_EXCL), write SIZE bytes of pattern SEED^I and close;
+ *             with "how":"file_sync" the file is opened O_SYNC (FILE_SYNC
+ *             WRITEs), with "how":"commit" the writes are UNSTABLE and fsync
+ *             sends COMMIT before close
+ *   rename    a live file to rI
+ *   truncate  a live file to half its size
+ *   remove    a live file
+ * Stops at the first failure (the server went away): the checker treats the
+ * last "sent" without "done" as in flight.
+ */
+struct live_file {
+	char name[32];
+	uint64_t size, seed;
+};
+
+static void sent(long i, const char *op, const char *name, const char *extra)
+{
+	printf("{\"i\":%ld,\"state\":\"sent\",\"op\":\"%s\",\"name\":\"%s\"%s}\n", i, op, name,
+	       extra);
+	fflush(stdout);
+}
+
+static void done(long i)
+{
+	printf("{\"i\":%ld,\"state\":\"done\"}\n", i);
+	fflush(stdout);
+}
+
+static int cmd_durable_writer(char **a)
+{
+	const char *dir = a[0];
+	long n = strtol(a[1], NULL, 0);
+	uint64_t seed = strtoull(a[2], NULL, 0), rng = seed;
+	struct live_file *live = calloc(n > 0 ? n : 1, sizeof(*live));
+	size_t nlive = 0;
+	char *d = abspath(dir);
+	int rc = nfs_mkdir(nfs, d);
+	if (rc < 0 && rc != -EEXIST)
+		die("mkdir", d, rc);
+	uint8_t *buf = malloc(1 << 20);
+	char extra[128];
+	for (long i = 0; i < n; i++) {
+		uint64_t r = splitmix64(rng++);
+		unsigned kind = nlive < 2 ? 0 : r % 10;
+		if (kind < 6) { /* put */
+			struct live_file *f = &live[nlive];
+			snprintf(f->name, sizeof(f->name), "f%ld", i);
+			f->size = 4096 * (1 + (r >> 8) % 48) + (r >> 16) % 4096;
+			f->seed = seed ^ (uint64_t)i;
+			int sync = (r >> 32) & 1;
+			snprintf(extra, sizeof(extra), ",\"size\":%" PRIu64 ",\"seed\":%" PRIu64
+				 ",\"how\":\"%s\"", f->size, f->seed, sync ? "file_sync" : "commit");
+			sent(i, "put", f->name, extra);
+			char *p = join(d, f->name);
+			struct nfsfh *fh;
+			rc = nfs_create(nfs, p, O_EXCL | (sync ? O_SYNC : 0), 0644, &fh);
+			if (rc < 0)
+				die("create", p, rc);
+			for (uint64_t off = 0; off < f->size;) {
+				size_t len = f->size - off < (1 << 20) ? (size_t)(f->size - off) : (1 << 20);
+				pattern_fill(buf, off, len, f->seed);
+				rc = nfs_pwrite(nfs, fh, off, len, (char *)buf);
+				if (rc <= 0)
+					die("pwrite", p, rc < 0 ? rc : -EIO);
+				off += rc;
+			}
+			if (!sync && (rc = nfs_fsync(nfs, fh)) < 0)
+				die("fsync", p, rc);
+			if ((rc = nfs_close(nfs, fh)) < 0)
+				die("close", p, rc);
+			free(p);
+			nlive++;
+		} else {
+			size_t k = (r >> 8) % nlive;
+			struct live_file *f = &live[k];
+			char *p = join(d, f->name);
+			if (kind < 8) { /* rename */
+				char to[32];
+				snprintf(to, sizeof(to), "r%ld", i);
+				snprintf(extra, sizeof(extra), ",\"to\":\"%s\"", to);
+				sent(i, "rename", f->name, extra);
+				char *q = join(d, to);
+				if ((rc = nfs_rename(nfs, p, q)) < 0)
+					die("rename", p, rc);
+				snprintf(f->name, sizeof(f->name), "%s", to);
+				free(q);
+			} else if (kind < 9) { /* truncate */
+				snprintf(extra, sizeof(extra), ",\"size\":%" PRIu64, f->size / 2);
+				sent(i, "truncate", f->name, extra);
+				if ((rc = nfs_truncate(nfs, p, f->size / 2)) < 0)
+					die("truncate", p, rc);
+				f->size /= 2;
+			} else { /* remove */
+				sent(i, "remove", f->name, "");
+				if ((rc = nfs_unlink(nfs, p)) < 0)
+					die("unlink", p, rc);
+				live[k] = live[--nlive];
+			}
+			free(p);
+		}
+		done(i);
+	}
+	free(buf);
+	free(live);
+	printf("{\"summary\":true,\"ops\":%ld}\n", n);
+	return 0;
+}
+
 /* ---------------------------------------------------------------- main */
 
 struct cmd {
@@ -1151,6 +1268,7 @@ static const struct cmd cmds[] = {
 	{ "remove-tree", 1 },
 	{ "readdir", 1 }, { "mkdir-tree", 3 }, { "hold-and-read", 2 },
 	{ "write-pattern", 3 }, { "verify-pattern", 3 }, { "cat", 1 },
+	{ "durable-writer", 3 },
 	{ "mkdir", 1 }, { "rmdir", 1 }, { "unlink", 1 }, { "readlink", 1 },
 	{ "rename", 2 }, { "link", 2 }, { "symlink", 2 }, { "chmod", 2 },
 	{ "truncate", 2 }, { NULL, 0 },
@@ -1231,6 +1349,8 @@ int main(int argc, char **argv)
 		rc = cmd_write_pattern(a);
 	else if (!strcmp(cmd, "verify-pattern"))
 		rc = cmd_verify_pattern(a);
+	else if (!strcmp(cmd, "durable-writer"))
+		rc = cmd_durable_writer(a);
 	else if (!strcmp(cmd, "cat"))
 		rc = cmd_cat(a);
 	else
