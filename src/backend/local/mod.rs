@@ -660,9 +660,15 @@ impl Vfs for LocalFs {
             sys::lseek_set(&fd, cookie).map_err(|_| VfsError::BadCookie)?;
         }
         let at_root = self.is_root(&dattr);
-        let mut buf = vec![0u8; 32 * 1024];
+        // Start small and grow: the kernel fills the whole buffer, and a reply often takes
+        // far fewer entries than 32 KiB of dirents (libnfs asks for 8 KiB replies), so a
+        // fixed large buffer would read each stretch of the directory several times.
+        let mut buf = vec![0u8; 4 * 1024];
         loop {
             let n = sys::getdents(&fd, &mut buf)?;
+            if buf.len() < 64 * 1024 {
+                buf.resize(buf.len() * 2, 0);
+            }
             if n == 0 {
                 return Ok(ReadDirEnd { eof: true, dir_attr: dattr });
             }

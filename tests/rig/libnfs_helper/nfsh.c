@@ -132,6 +132,7 @@ static void usage(void)
 		"  statvfs PATH\n"
 		"  create-loop DIR N               create+close DIR/f00000000..N-1\n"
 		"  stat-loop DIR N                 stat DIR/f00000000..N-1\n"
+		"  getattr-loop PATH N             N GETATTRs of one open file\n"
 		"  rename-loop DIR N [FROM TO]     rename DIR/f00000000 -> DIR/r00000000 ...\n"
 		"                                  (name prefixes FROM, TO; default f r)\n"
 		"  remove-loop DIR N [PREFIX]      unlink DIR/f00000000..N-1 (PREFIX default f)\n"
@@ -382,6 +383,28 @@ static int cmd_stat_loop(char **a)
 		free(p);
 	}
 	print_loop("stat", n, now() - t0);
+	return 0;
+}
+
+/* One round trip per call (GETATTR of the same path, whose handle libnfs keeps):
+ * the client's floor for any metadata operation. */
+static int cmd_getattr_loop(char **a)
+{
+	char *p = abspath(a[0]);
+	long n = parse_long(a[1]);
+	struct nfsfh *fh;
+	int rc = nfs_open(nfs, p, O_RDONLY, &fh);
+	if (rc < 0)
+		die("open", p, rc);
+	double t0 = now();
+	for (long i = 0; i < n; i++) {
+		struct nfs_stat_64 st;
+		rc = nfs_fstat64(nfs, fh, &st);
+		if (rc < 0)
+			die("fstat", p, rc);
+	}
+	print_loop("getattr", n, now() - t0);
+	nfs_close(nfs, fh);
 	return 0;
 }
 
@@ -1268,7 +1291,7 @@ static const struct cmd cmds[] = {
 	{ "remove-tree", 1 },
 	{ "readdir", 1 }, { "mkdir-tree", 3 }, { "hold-and-read", 2 },
 	{ "write-pattern", 3 }, { "verify-pattern", 3 }, { "cat", 1 },
-	{ "durable-writer", 3 },
+	{ "durable-writer", 3 }, { "getattr-loop", 2 },
 	{ "mkdir", 1 }, { "rmdir", 1 }, { "unlink", 1 }, { "readlink", 1 },
 	{ "rename", 2 }, { "link", 2 }, { "symlink", 2 }, { "chmod", 2 },
 	{ "truncate", 2 }, { NULL, 0 },
@@ -1349,6 +1372,8 @@ int main(int argc, char **argv)
 		rc = cmd_write_pattern(a);
 	else if (!strcmp(cmd, "verify-pattern"))
 		rc = cmd_verify_pattern(a);
+	else if (!strcmp(cmd, "getattr-loop"))
+		rc = cmd_getattr_loop(a);
 	else if (!strcmp(cmd, "durable-writer"))
 		rc = cmd_durable_writer(a);
 	else if (!strcmp(cmd, "cat"))
