@@ -165,7 +165,7 @@ impl Metrics {
         for (kind, n) in self.rpc_errors.lock().iter() {
             writeln!(o, "nasd_rpc_rejected_total{{reason=\"{kind}\"}} {n}")?;
         }
-        let gauges: [(&str, &str, &str, i64); 7] = [
+        let gauges: [(&str, &str, &str, i64); 8] = [
             ("nasd_read_bytes_total", "counter", "File data bytes returned by READ.", self.read_bytes.load(Ordering::Relaxed) as i64),
             ("nasd_write_bytes_total", "counter", "File data bytes accepted by WRITE.", self.write_bytes.load(Ordering::Relaxed) as i64),
             ("nasd_connections", "gauge", "Open client connections.", self.connections.load(Ordering::Relaxed)),
@@ -173,12 +173,23 @@ impl Metrics {
             ("nasd_requests_in_flight", "gauge", "Requests being processed or waiting to be sent.", self.in_flight.load(Ordering::Relaxed)),
             ("nasd_drc_hits_total", "counter", "Retransmitted calls answered from the duplicate request cache.", self.drc_hits.load(Ordering::Relaxed) as i64),
             ("nasd_resident_memory_bytes", "gauge", "Resident set size of the server.", resident_bytes()),
+            ("nasd_peak_resident_memory_bytes", "gauge", "Highest resident set size since the server started.", peak_resident_bytes()),
         ];
         for (name, kind, help, v) in gauges {
             writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}")?;
         }
         Ok(())
     }
+}
+
+/// VmHWM from /proc/self/status (kB there).
+fn peak_resident_bytes() -> i64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<i64>().ok())
+        .map_or(0, |kb| kb * 1024)
 }
 
 fn resident_bytes() -> i64 {
@@ -213,5 +224,7 @@ mod tests {
         assert!(text.contains("nasd_write_requests_total{stable=\"unstable\"} 1"), "{text}");
         assert!(text.contains("nasd_write_requests_total{stable=\"data_sync\"} 0"), "{text}");
         assert!(text.contains("nasd_write_requests_total{stable=\"file_sync\"} 2"), "{text}");
+        let peak: i64 = text.lines().find_map(|l| l.strip_prefix("nasd_peak_resident_memory_bytes ")).expect("peak RSS").parse().unwrap();
+        assert!(peak > 0 && peak >= resident_bytes() / 2, "peak {peak}");
     }
 }

@@ -16,6 +16,8 @@ pub struct Snapshot {
     pub read_bytes: f64,
     pub write_bytes: f64,
     pub errors: f64,
+    pub resident_bytes: f64,
+    pub peak_resident_bytes: f64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -41,6 +43,11 @@ pub struct ServerFigures {
     pub read_bytes: u64,
     pub write_bytes: u64,
     pub errors: u64,
+    /// The server's resident set size after the job, and its peak since it started.
+    #[serde(default)]
+    pub resident_bytes: u64,
+    #[serde(default)]
+    pub peak_resident_bytes: u64,
 }
 
 pub fn scrape(addr: SocketAddr) -> Result<Snapshot> {
@@ -91,6 +98,8 @@ pub fn parse(text: &str) -> Snapshot {
             "nasd_read_bytes_total" => s.read_bytes = v,
             "nasd_write_bytes_total" => s.write_bytes = v,
             "nasd_rpc_errors_total" => s.errors += v,
+            "nasd_resident_memory_bytes" => s.resident_bytes = v,
+            "nasd_peak_resident_memory_bytes" => s.peak_resident_bytes = v,
             _ => {}
         }
     }
@@ -147,6 +156,8 @@ pub fn diff(before: &Snapshot, after: &Snapshot) -> ServerFigures {
         read_bytes: (after.read_bytes - before.read_bytes).max(0.0) as u64,
         write_bytes: (after.write_bytes - before.write_bytes).max(0.0) as u64,
         errors: (after.errors - before.errors).max(0.0) as u64,
+        resident_bytes: after.resident_bytes as u64,
+        peak_resident_bytes: after.peak_resident_bytes as u64,
     }
 }
 

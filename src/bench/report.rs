@@ -144,7 +144,7 @@ fn meta_table(r: &Results, suite: &str) -> Option<Block> {
 }
 
 fn server_table(r: &Results, suite: &str) -> Option<Block> {
-    let header = ["job", "client mean (µs)", "server procedure", "calls", "server mean (µs)", "server p50 (µs)", "server p99 (µs)", "server errors"]
+    let header = ["job", "client mean (µs)", "server procedure", "calls", "server mean (µs)", "server p50 (µs)", "server p99 (µs)", "server errors", "nasd RSS / peak (MiB)"]
         .iter()
         .map(|s| s.to_string())
         .collect();
@@ -163,6 +163,11 @@ fn server_table(r: &Results, suite: &str) -> Option<Block> {
                 fmt_num(p.p50_us),
                 fmt_num(p.p99_us),
                 if k == 0 { s.errors.to_string() } else { String::new() },
+                if k == 0 && s.peak_resident_bytes > 0 {
+                    format!("{:.0} / {:.0}", s.resident_bytes as f64 / 1048576.0, s.peak_resident_bytes as f64 / 1048576.0)
+                } else {
+                    String::new()
+                },
             ]);
         }
     }
@@ -311,6 +316,16 @@ pub fn blocks(r: &Results, old: Option<&Results>, plots: &[(String, String)]) ->
             b.push(Block::Heading(3, "nasd server side (from /metrics, scraped before and after each job)".into()));
             b.push(Block::Para("Server latency is from a complete request to its reply being queued; p50/p99 are interpolated from the histogram buckets.".into()));
             b.push(t);
+            let peak = r
+                .jobs
+                .iter()
+                .filter(|j| j.job.suite == suite)
+                .filter_map(|j| j.get("nasd").and_then(|m| m.server.as_ref()).map(|s| s.peak_resident_bytes))
+                .max()
+                .unwrap_or(0);
+            if peak > 0 {
+                b.push(Block::Para(format!("nasd's peak resident memory (VmHWM) by the end of this suite: {:.0} MiB.", peak as f64 / 1048576.0)));
+            }
         }
     }
     if let Some(o) = old {
