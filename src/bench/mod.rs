@@ -53,6 +53,10 @@ pub struct BenchArgs {
     /// Keep the servers' data under OUT/work after the run.
     #[arg(long)]
     pub keep_data: bool,
+    /// Run each fio job N times per target (targets interleaved) and report the median;
+    /// iozone and metadata jobs, which build on each other's files, run once.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=9))]
+    pub repeat: u32,
 }
 
 /// One target's figures for one job.
@@ -76,6 +80,26 @@ pub struct Measurement {
     #[serde(default)]
     pub meta: Option<MetaFigures>,
     pub seconds: f64,
+    /// With --repeat: the job's figure in every repetition, in run order; this
+    /// measurement is the median one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub repeats: Vec<f64>,
+}
+
+/// Of one target's repetitions of a job, the measurement with the median figure (the
+/// lower middle one for an even count); failed repetitions count only if all failed.
+pub fn median_run(mut reps: Vec<Measurement>, metric: Metric) -> Measurement {
+    let values: Vec<f64> = reps.iter().filter_map(|m| m.value(metric)).collect();
+    let mut ok: Vec<Measurement> = reps.iter().filter(|m| m.value(metric).is_some()).cloned().collect();
+    if ok.is_empty() {
+        return reps.swap_remove(0);
+    }
+    ok.sort_by(|a, b| a.value(metric).partial_cmp(&b.value(metric)).unwrap_or(std::cmp::Ordering::Equal));
+    let mut m = ok.swap_remove((ok.len() - 1) / 2);
+    if reps.len() > 1 {
+        m.repeats = values;
+    }
+    m
 }
 
 /// The timed part of a metadata job.
@@ -612,24 +636,31 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         runner.tree = Some(src);
     }
-    let planned_total: f64 = jobs.iter().map(|j| j.planned_secs()).sum::<f64>() * tgts.len() as f64;
+    let planned_total: f64 = jobs.iter().map(|j| j.planned_secs() * j.repetitions(args.repeat) as f64).sum::<f64>() * tgts.len() as f64;
+    if args.repeat > 1 {
+        notes.push(format!("each fio job ran {} times per target (targets interleaved); tables show the median run, the section Repetitions lists every figure. iozone and metadata jobs ran once.", args.repeat));
+    }
     let mut planned_done = 0.0;
     let t_jobs = Instant::now();
     let mut results: Vec<JobResult> = Vec::new();
     let n = jobs.len();
     for (i, job) in jobs.iter().enumerate() {
-        let mut runs = Vec::new();
-        // Alternate which target goes first (fairness: caches, disk state, thermal).
         let k = tgts.len();
-        for step in 0..k {
-            let ti = (i + step) % k;
-            let elapsed = t_jobs.elapsed().as_secs_f64();
-            let eta = if planned_done > 0.0 { (planned_total - planned_done) * elapsed / planned_done } else { planned_total };
-            eprintln!("bench: [{}/{n}] {:<8} {:<40} elapsed {} ETA {}", i + 1, tgts[ti].name, job.name, fmt_dur(elapsed), fmt_dur(eta));
-            let m = runner.run_job(&mut tgts[ti], job, i);
-            runs.push(m);
-            planned_done += job.planned_secs();
+        let reps = job.repetitions(args.repeat);
+        let mut per_target: Vec<Vec<Measurement>> = vec![Vec::new(); k];
+        for rep in 0..reps {
+            // Alternate which target goes first (fairness: caches, disk state, thermal).
+            for step in 0..k {
+                let ti = (i + rep as usize + step) % k;
+                let elapsed = t_jobs.elapsed().as_secs_f64();
+                let eta = if planned_done > 0.0 { (planned_total - planned_done) * elapsed / planned_done } else { planned_total };
+                let of = if reps > 1 { format!(" ({}/{reps})", rep + 1) } else { String::new() };
+                eprintln!("bench: [{}/{n}] {:<8} {:<40} elapsed {} ETA {}", i + 1, tgts[ti].name, format!("{}{of}", job.name), fmt_dur(elapsed), fmt_dur(eta));
+                per_target[ti].push(runner.run_job(&mut tgts[ti], job, i));
+                planned_done += job.planned_secs();
+            }
         }
+        let mut runs: Vec<Measurement> = per_target.into_iter().filter(|v| !v.is_empty()).map(|v| median_run(v, job.metric)).collect();
         let order: Vec<String> = tgts.iter().map(|t| t.name.clone()).collect();
         runs.sort_by_key(|m| order.iter().position(|n| *n == m.target));
         results.push(JobResult { job: job.clone(), runs });
@@ -674,4 +705,28 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let failed = results.jobs.iter().flat_map(|j| &j.runs).filter(|m| m.error.is_some()).count();
     eprintln!("bench: done in {}; report in {}/report.md ({} failed runs)", fmt_dur(t_start.elapsed().as_secs_f64()), out.display(), failed);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ops(v: Option<f64>) -> Measurement {
+        Measurement { target: "nasd".into(), ops_per_sec: v, error: v.is_none().then(|| "failed".into()), ..Default::default() }
+    }
+
+    #[test]
+    fn median_run_picks_the_middle_figure_and_keeps_all() {
+        let m = median_run(vec![ops(Some(300.0)), ops(Some(100.0)), ops(Some(200.0))], Metric::OpsPerSec);
+        assert_eq!(m.ops_per_sec, Some(200.0));
+        assert_eq!(m.repeats, vec![300.0, 100.0, 200.0]);
+        // A failed repetition does not count while another succeeded.
+        let m = median_run(vec![ops(None), ops(Some(50.0)), ops(Some(70.0))], Metric::OpsPerSec);
+        assert_eq!(m.ops_per_sec, Some(50.0));
+        assert!(m.error.is_none());
+        let m = median_run(vec![ops(None), ops(None)], Metric::OpsPerSec);
+        assert!(m.error.is_some());
+        // One run: nothing to list.
+        assert!(median_run(vec![ops(Some(1.0))], Metric::OpsPerSec).repeats.is_empty());
+    }
 }

@@ -332,6 +332,28 @@ pub fn blocks(r: &Results, old: Option<&Results>, plots: &[(String, String)]) ->
         b.push(Block::Heading(2, format!("Change since the earlier report ({})", o.started)));
         b.push(compare_table(r, o));
     }
+    let repeated: Vec<Vec<String>> = r
+        .jobs
+        .iter()
+        .flat_map(|j| {
+            j.runs.iter().filter(|m| m.repeats.len() > 1).map(move |m| {
+                let all: Vec<String> = m.repeats.iter().map(|v| fmt_num(*v)).collect();
+                let spread = match (m.repeats.iter().cloned().reduce(f64::min), m.repeats.iter().cloned().reduce(f64::max)) {
+                    (Some(lo), Some(hi)) if lo > 0.0 => format!("{:.0}%", (hi - lo) / lo * 100.0),
+                    _ => "-".into(),
+                };
+                vec![j.job.name.clone(), m.target.clone(), all.join(" / "), m.value(j.job.metric).map(fmt_num).unwrap_or_else(|| "-".into()), spread]
+            })
+        })
+        .collect();
+    if !repeated.is_empty() {
+        b.push(Block::Heading(2, "Repetitions".into()));
+        b.push(Block::Para("Every run's figure (IOPS, MiB/s) in run order; the tables above use the median. Spread = (max − min) ÷ min.".into()));
+        b.push(Block::Table {
+            header: ["job", "target", "runs", "median", "spread"].iter().map(|s| s.to_string()).collect(),
+            rows: repeated,
+        });
+    }
     let errors: Vec<Vec<String>> = r
         .jobs
         .iter()

@@ -82,6 +82,16 @@ impl Job {
             JobKind::Meta { files, .. } => 1.0 + *files as f64 / 2000.0,
         }
     }
+
+    /// How many times the job runs per target for `--repeat n`: fio jobs stand alone and
+    /// repeat; iozone passes and metadata steps work on the files the previous step left,
+    /// so they run once.
+    pub fn repetitions(&self, n: u32) -> u32 {
+        match self.kind {
+            JobKind::Fio(_) | JobKind::Scale { .. } => n.max(1),
+            JobKind::Iozone { .. } | JobKind::Meta { .. } => 1,
+        }
+    }
 }
 
 /// Run-time and size of the fio jobs of a suite.
