@@ -118,6 +118,14 @@ def _report(name: str, res: vm.GuestResult, srv_logs: str) -> None:
     print(f"--- nasd log (tail) ---\n{srv_logs[-3000:]}")
 
 
+def _fresh_export(base: Path) -> Path:
+    """An empty export directory under `base` that the guest's root can list."""
+    export = base / "export"
+    export.mkdir()
+    os.chmod(export, 0o755)
+    return export
+
+
 def _sections(texts: dict[str, str]) -> dict[str, str]:
     return {f"sec/{name}.sh": f"M={M}\n" + body for name, body in texts.items()}
 
@@ -299,9 +307,7 @@ POSIX_ORDER = [("create", 120), ("append", 120), ("truncate", 120), ("perms", 60
 @pytest.fixture(scope="module")
 def posix_run(workdir, guest_image):
     base = workdir("posix")
-    export = base / "export"
-    export.mkdir()
-    os.chmod(export, 0o755)
+    export = _fresh_export(base)
     (export / "host-hello.txt").write_text(HELLO)
     blob = os.urandom(BLOB_SIZE)
     tar_path, what = ph.source_tarball(base / "src.tar")
@@ -638,10 +644,7 @@ echo "handles.ls: $(ls $M/sub | tr '\n' ' ')"
 
 @pytest.fixture(scope="module")
 def restart_run(workdir, guest_image):
-    base = workdir("restart")
-    export = base / "export"
-    export.mkdir()
-    os.chmod(export, 0o755)
+    export = _fresh_export(workdir("restart"))
     big = os.urandom(BIG_SIZE)
     (export / "big.bin").write_bytes(big)
     (export / "other1.txt").write_text("other one\n")
@@ -748,10 +751,7 @@ grep -m1 '^[[:space:]]*bytes:' /proc/self/mountstats | sed 's/^[[:space:]]*bytes
 
 @pytest.fixture(scope="module")
 def crash_run(workdir, guest_image):
-    base = workdir("crash")
-    export = base / "export"
-    export.mkdir()
-    os.chmod(export, 0o755)
+    export = _fresh_export(workdir("crash"))
     events: dict[str, object] = {"kills": []}
     stop = threading.Event()
     rng = __import__("random").Random(20261122)
