@@ -57,6 +57,9 @@ pub struct BenchArgs {
     /// iozone and metadata jobs, which build on each other's files, run once.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=9))]
     pub repeat: u32,
+    /// Run only the suite's jobs whose name contains TEXT (repeatable), e.g. "1m read".
+    #[arg(long = "only", value_name = "TEXT")]
+    pub only: Vec<String>,
 }
 
 /// One target's figures for one job.
@@ -84,6 +87,15 @@ pub struct Measurement {
     /// measurement is the median one.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub repeats: Vec<f64>,
+}
+
+/// Writes back every dirty page before a fio job starts (not timed), so that no job
+/// measures the writeback of an earlier one: a read job right after a write job would
+/// otherwise compete with the flushing of gigabytes written before it, for whichever
+/// target happens to run then.
+fn settle_page_cache() {
+    // SAFETY: sync(2) takes no arguments and cannot fail.
+    unsafe { libc::sync() };
 }
 
 /// Of one target's repetitions of a job, the measurement with the median figure (the
@@ -329,6 +341,7 @@ impl Runner {
         match &job.kind {
             JobKind::Fio(s) => {
                 self.ensure_file(t, &s.file, s.size)?;
+                settle_page_cache();
                 let args = fio::command_line(s, &slug(&job.name), &t.engine);
                 m.commands.push(format!("fio {}", fio::shell_join(&args)));
                 let run = loop {
@@ -373,6 +386,7 @@ impl Runner {
                     m.commands.push(format!("fio {}", fio::shell_join(&args)));
                     argvs.push((s, args));
                 }
+                settle_page_cache();
                 // Separate processes (own connections), started together.
                 for (_, args) in &argvs {
                     children.push(fio::spawn(&self.fio, args)?);
@@ -545,7 +559,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if let Some(s) = &args.size {
         params.size = fio::parse_size(s)?;
     }
-    let jobs = suites::jobs(&args.suite, params);
+    let mut jobs = suites::jobs(&args.suite, params);
+    if !args.only.is_empty() {
+        jobs.retain(|j| args.only.iter().any(|t| j.name.contains(t.as_str())));
+        if jobs.is_empty() {
+            bail!("--only {:?} matches no job of suite {}", args.only, args.suite);
+        }
+    }
 
     let mut specs: Vec<TargetSpec> = args.targets.iter().map(|t| TargetSpec::parse(t)).collect::<Result<_>>()?;
     if specs.is_empty() {
