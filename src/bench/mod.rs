@@ -50,7 +50,7 @@ pub struct BenchArgs {
     /// Skip the local-disk ceiling.
     #[arg(long)]
     pub no_local: bool,
-    /// Keep the servers' data under OUT/work after the run.
+    /// Keep the servers' data under OUT/data after the run.
     #[arg(long)]
     pub keep_data: bool,
     /// Run each fio job N times per target (targets interleaved) and report the median;
@@ -596,7 +596,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let raw = out.join("raw");
     let _ = std::fs::remove_dir_all(&raw);
     std::fs::create_dir_all(&raw)?;
-    let work = out.join("work");
+    let work = out.join("data");
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work)?;
 

@@ -1,6 +1,6 @@
 //! Targets: nasd from this build, NFS-Ganesha with a generated config, an external
 //! server by URL, and the local disk (the ceiling). Managed servers export a fresh
-//! directory under OUT/work, on the same file system as the report.
+//! directory under OUT/data, on the same file system as the report.
 
 use super::fio::Engine;
 use anyhow::{bail, Context, Result};
@@ -298,7 +298,7 @@ impl Target {
                     local_dir: None,
                     metrics: None,
                     version: format!("nfs-ganesha {}", dpkg_version("nfs-ganesha")),
-                    how: "ganesha.nfsd -F -f ganesha.conf (FSAL VFS, generated config in the report directory's work/ganesha)".into(),
+                    how: "ganesha.nfsd -F -f ganesha.conf (FSAL VFS, generated config in the report directory's data/ganesha)".into(),
                     proc: Some(proc),
                     rpcbind,
                     workdir: Some(work),

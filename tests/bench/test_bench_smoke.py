@@ -105,4 +105,4 @@ def test_bench_smoke(tmp_path):
         w, h = png_size(png)
         assert w >= 400 and h >= 200, (png, w, h)
         assert f"({png.name})" in md, f"{png.name} not linked from report.md"
-    assert not (out / "work").exists()  # servers' data removed
+    assert not (out / "data").exists()  # servers' data removed
