@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 import shutil
 import signal
 import stat
@@ -754,7 +755,7 @@ def crash_run(workdir, guest_image):
     export = _fresh_export(workdir("crash"))
     events: dict[str, object] = {"kills": []}
     stop = threading.Event()
-    rng = __import__("random").Random(20261122)
+    rng = random.Random(20261122)
 
     with Netns() as ns, Nasd(export, args=["--no-root-squash"], netns=ns) as srv:
         prologue = (f"timeout 120 mount -t nfs -o {srv.mount_options()} 10.0.2.2:/ {M}\n"

@@ -203,16 +203,22 @@ impl LocalFs {
     /// attributes and a descriptor for the I/O.
     fn data_io(&self, cred: &Cred, id: &ObjectId, want: u32) -> VfsResult<(Arc<CachedObject>, Attr, Arc<OwnedFd>)> {
         let (obj, attr) = self.resolve(cred, id)?;
+        let fd = self.file_fd_for(cred, &obj, &attr, want)?;
+        Ok((obj, attr, fd))
+    }
+
+    /// The I/O descriptor of a resolved object, if it is a regular file the caller may
+    /// read (`R`) or write (`W`).
+    fn file_fd_for(&self, cred: &Cred, obj: &CachedObject, attr: &Attr, want: u32) -> VfsResult<Arc<OwnedFd>> {
         match attr.kind {
             FileKind::Regular => {}
             FileKind::Directory => return Err(VfsError::IsDir),
             _ => return Err(VfsError::Inval),
         }
-        if !may_io(cred, &attr, want) {
+        if !may_io(cred, attr, want) {
             return Err(VfsError::Access);
         }
-        let fd = self.io_fd(cred, &obj, &attr)?;
-        Ok((obj, attr, fd))
+        self.io_fd(cred, obj, attr)
     }
 
     fn is_root(&self, attr: &Attr) -> bool {
@@ -364,15 +370,7 @@ impl Vfs for LocalFs {
             }
         }
         if let Some(size) = attrs.size {
-            match before.kind {
-                FileKind::Regular => {}
-                FileKind::Directory => return Err(VfsError::IsDir),
-                _ => return Err(VfsError::Inval),
-            }
-            if !may_io(cred, &before, W) {
-                return Err(VfsError::Access);
-            }
-            let fd = self.io_fd(cred, &obj, &before)?;
+            let fd = self.file_fd_for(cred, &obj, &before, W)?;
             sys::ftruncate(&fd, size)?;
         }
         self.apply_attrs(&obj.path_fd, before.kind, &SetAttrs { size: None, ..attrs.clone() })?;
@@ -666,11 +664,11 @@ impl Vfs for LocalFs {
         let mut buf = vec![0u8; 4 * 1024];
         loop {
             let n = sys::getdents(&fd, &mut buf)?;
-            if buf.len() < 64 * 1024 {
-                buf.resize(buf.len() * 2, 0);
-            }
             if n == 0 {
                 return Ok(ReadDirEnd { eof: true, dir_attr: dattr });
+            }
+            if buf.len() < 64 * 1024 {
+                buf.resize(buf.len() * 2, 0);
             }
             for ent in sys::parse_dirents(&buf[..n]) {
                 let (fileid, extra) = match ent.name {
