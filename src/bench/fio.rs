@@ -23,6 +23,10 @@ pub struct FioShape {
     pub ramp: u64,
     /// fio `randrepeat=0` (a new random sequence on every run).
     pub randrepeat0: bool,
+    /// fio `sync=1`: every write is stable when it completes (NFS: FILE_SYNC WRITEs;
+    /// local: O_SYNC).
+    #[serde(default)]
+    pub sync: bool,
     /// File name below the target's root.
     pub file: String,
 }
@@ -58,6 +62,9 @@ impl FioShape {
         }
         if self.randrepeat0 {
             a.push("--randrepeat=0".into());
+        }
+        if self.sync {
+            a.push("--sync=1".into());
         }
         a
     }
@@ -103,6 +110,7 @@ pub fn layout_command(file: &str, size: u64, engine: &Engine) -> Vec<String> {
         runtime: 0,
         ramp: 0,
         randrepeat0: false,
+        sync: false,
         file: file.into(),
     };
     command_line(&shape, "layout", engine)
@@ -556,7 +564,7 @@ Failed NFS operation(code:-14)
 
     #[test]
     fn command_lines() {
-        let shape = FioShape { rw: "randrw".into(), bs: 16384, iodepth: 16, rwmixread: Some(75), size: 64 << 20, runtime: 5, ramp: 1, randrepeat0: true, file: "bench.dat".into() };
+        let shape = FioShape { rw: "randrw".into(), bs: 16384, iodepth: 16, rwmixread: Some(75), size: 64 << 20, runtime: 5, ramp: 1, randrepeat0: true, sync: false, file: "bench.dat".into() };
         let a = command_line(&shape, "j", &Engine::Nfs { url: "nfs://127.0.0.1/x?nfsport=1&mountport=1&version=3".into() });
         let s = shell_join(&a);
         assert!(s.contains("--bs=16k --iodepth=16 --size=64m --rwmixread=75 --time_based=1 --runtime=5 --ramp_time=1 --status-interval=1 --randrepeat=0"), "{s}");

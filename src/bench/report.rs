@@ -570,7 +570,7 @@ mod tests {
     use super::*;
 
     fn results() -> Results {
-        let shape = FioShape { rw: "randread".into(), bs: 4096, iodepth: 1, rwmixread: None, size: 1 << 20, runtime: 1, ramp: 0, randrepeat0: false, file: "f".into() };
+        let shape = FioShape { rw: "randread".into(), bs: 4096, iodepth: 1, rwmixread: None, size: 1 << 20, runtime: 1, ramp: 0, randrepeat0: false, sync: false, file: "f".into() };
         let meas = |t: &str, iops: f64, err: bool| {
             let mut f = FioResult::default();
             f.read.iops = iops;

@@ -123,6 +123,7 @@ fn shape(rw: &str, bs: u64, iodepth: u32, p: Params) -> FioShape {
         runtime: p.runtime,
         ramp: p.ramp,
         randrepeat0: false,
+        sync: false,
         file: "bench.dat".into(),
     }
 }
@@ -135,6 +136,9 @@ fn fio_job(suite: &str, group: &str, x: f64, s: FioShape) -> Job {
     }
     if s.randrepeat0 {
         name.push_str(" randrepeat=0");
+    }
+    if s.sync {
+        name.push_str(" stable");
     }
     Job { suite: suite.into(), name, group: group.into(), x, metric, kind: JobKind::Fio(s) }
 }
@@ -159,6 +163,13 @@ fn cloud(suite: &str, p: Params) -> Vec<Job> {
         for &qd in big_depths {
             v.push(fio_job(suite, &format!("1m {rw}"), qd as f64, shape(rw, M, qd, p)));
         }
+    }
+    if suite != "smoke" {
+        // The write jobs above are UNSTABLE WRITEs (the client's default); this one counts
+        // a write only once it is on stable storage (FILE_SYNC; locally O_SYNC).
+        let mut stable = shape("write", M, 16, p);
+        stable.sync = true;
+        v.push(fio_job(suite, "1m write stable", 16.0, stable));
     }
     if suite != "smoke" {
         v.push(fio_job(suite, "other", 0.0, shape("read", 8 * K, 16, p)));
@@ -305,6 +316,21 @@ pub fn jobs(suite: &str, p: Params) -> Vec<Job> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn standard_has_a_stable_write_job_that_asks_for_file_sync() {
+        let jobs = jobs("standard", default_params("standard"));
+        let stable: Vec<&Job> = jobs.iter().filter(|j| j.name.ends_with("stable")).collect();
+        assert_eq!(stable.len(), 1);
+        let JobKind::Fio(s) = &stable[0].kind else { panic!("not a fio job") };
+        assert_eq!((s.rw.as_str(), s.bs, s.iodepth), ("write", M, 16));
+        assert!(s.options("j").contains(&"--sync=1".to_string()));
+        // Every other job stays unstable (the client's default).
+        assert!(jobs.iter().filter(|j| !j.name.ends_with("stable")).all(|j| match &j.kind {
+            JobKind::Fio(s) => !s.sync && !s.options("j").iter().any(|o| o.starts_with("--sync")),
+            _ => true,
+        }));
+    }
 
     #[test]
     fn iozone_matrix_follows_iozone_a() {

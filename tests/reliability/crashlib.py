@@ -30,6 +30,8 @@ from rig.rpc import Nfs3Client, auth_sys, NFS3_OK, RpcError
 
 BLOCK = 4096
 BLOCKS_PER_FILE = 48
+# Blocks of a large write (128 KiB).
+LARGE_WRITE_BLOCKS = 32
 STABLE = {"unstable": 0, "data_sync": 1, "file_sync": 2}
 
 
@@ -114,8 +116,13 @@ class Writer(threading.Thread):
 
     def write(self, f):
         m, rng = self.m, self.rng
-        start = rng.randrange(BLOCKS_PER_FILE)
-        n = min(rng.randint(1, 8), BLOCKS_PER_FILE - start)
+        if rng.random() < 0.2:
+            # 128 KiB or more, aligned: stable ones take nasd's O_DIRECT path.
+            start = rng.randrange(BLOCKS_PER_FILE - LARGE_WRITE_BLOCKS + 1)
+            n = rng.randint(LARGE_WRITE_BLOCKS, BLOCKS_PER_FILE - start)
+        else:
+            start = rng.randrange(BLOCKS_PER_FILE)
+            n = min(rng.randint(1, 8), BLOCKS_PER_FILE - start)
         stable = rng.choice(["unstable", "unstable", "data_sync", "file_sync"])
         tag = m.next_tag()
         data = b"".join(block_bytes(tag, b) for b in range(start, start + n))

@@ -7,8 +7,10 @@ fio source package against libnfs-dev:
   ``/etc/apt/sources.list.d/*.sources`` is written to
   ``/etc/apt/sources.list.d/nasd-deb-src.sources`` (URIs/Suites are copied at
   run time, nothing is hard-coded here), then ``apt-get update``;
-* ``apt-get source fio`` into a temp dir, ``./configure --enable-libnfs``,
-  ``make -j2``;
+* ``apt-get source fio`` into a temp dir, apply ``fio-libnfs-sync.patch``
+  (the engine then honours ``sync=1`` by opening with ``O_SYNC``, so libnfs sends
+  FILE_SYNC WRITEs, and turns ``fsync=N``/``end_fsync=1`` into NFS COMMITs; Debian's
+  engine rejects them), ``./configure --enable-libnfs``, ``make -j2``;
 * the binary is copied to ``<cache>/fio-libnfs-<recipe hash>/fio``.
 
 Cache dir: ``$NASD_TEST_CACHE`` or ``<repo>/target/test-cache``.  A file lock
@@ -43,11 +45,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 # Bump RECIPE_VERSION whenever the build steps below change meaningfully.
-RECIPE_VERSION = "1"
+RECIPE_VERSION = "2"
+ENGINE_PATCH = Path(__file__).resolve().parent / "fio-libnfs-sync.patch"
 CONFIGURE_ARGS = ["--enable-libnfs"]
 APT_SRC_FILE = "/etc/apt/sources.list.d/nasd-deb-src.sources"
 SOURCES_GLOB = "/etc/apt/sources.list.d/*.sources"
-BUILD_PACKAGES = ["dpkg-dev", "libnfs-dev", "pkg-config", "gcc", "make"]
+BUILD_PACKAGES = ["dpkg-dev", "libnfs-dev", "pkg-config", "gcc", "make", "patch"]
 
 
 class FioBuildError(RuntimeError):
@@ -134,6 +137,7 @@ def recipe_hash() -> str:
     h = hashlib.sha256()
     h.update(RECIPE_VERSION.encode())
     h.update(" ".join(CONFIGURE_ARGS).encode())
+    h.update(ENGINE_PATCH.read_bytes())
     # A different libnfs (ABI) means a different binary.
     h.update(_pkg_version("libnfs-dev").encode())
     return h.hexdigest()[:12]
@@ -281,6 +285,7 @@ def _build(dest_dir: Path) -> None:
         if not srcs:
             raise FioBuildError(f"apt-get source fio produced no source tree in {tmp}")
         src = srcs[0]
+        _run(["patch", "-p1", "-i", str(ENGINE_PATCH)], cwd=src, log_path=log_path)
         _run(["./configure"] + CONFIGURE_ARGS, cwd=src, timeout=600, log_path=log_path)
         jobs = str(min(2, os.cpu_count() or 1))
         _run(["make", f"-j{jobs}", "fio"], cwd=src, timeout=3600, log_path=log_path)
