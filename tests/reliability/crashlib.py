@@ -117,7 +117,7 @@ class Writer(threading.Thread):
     def write(self, f):
         m, rng = self.m, self.rng
         if rng.random() < 0.2:
-            # 128 KiB or more, aligned: stable ones take nasd's O_DIRECT path.
+            # 128 KiB or more, aligned, as a streaming client sends them.
             start = rng.randrange(BLOCKS_PER_FILE - LARGE_WRITE_BLOCKS + 1)
             n = rng.randint(LARGE_WRITE_BLOCKS, BLOCKS_PER_FILE - start)
         else:

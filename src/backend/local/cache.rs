@@ -6,7 +6,7 @@ use crate::vfs::ObjectId;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 /// One cached object: an `O_PATH` descriptor that names it, lazily a descriptor open for
 /// I/O (read-write for files, read-only for directories), and the group commit that
@@ -14,15 +14,12 @@ use std::sync::{Arc, OnceLock};
 pub struct CachedObject {
     pub path_fd: OwnedFd,
     pub io_fd: Mutex<Option<Arc<OwnedFd>>>,
-    /// Lazily, an `O_DIRECT` descriptor for large stable writes; `None` inside when the
-    /// filesystem refuses `O_DIRECT`.
-    pub direct_fd: OnceLock<Option<Arc<OwnedFd>>>,
     pub sync: SyncGroup,
 }
 
 impl CachedObject {
     pub fn new(path_fd: OwnedFd) -> Self {
-        Self { path_fd, io_fd: Mutex::new(None), direct_fd: OnceLock::new(), sync: SyncGroup::default() }
+        Self { path_fd, io_fd: Mutex::new(None), sync: SyncGroup::default() }
     }
 }
 

@@ -268,55 +268,6 @@ impl LocalFs {
         })
     }
 
-    /// A stable WRITE's data; true when it is already durable. A large aligned write goes
-    /// around the page cache with `O_DIRECT` and `RWF_SYNC`/`RWF_DSYNC`: through the cache
-    /// it would be copied only to be written back at once, and concurrent writes would
-    /// queue for one `fsync` after another; direct, each is durable when the call returns
-    /// and the device serves them side by side. The kernel writes back and drops cached
-    /// pages of the range first, so buffered and direct I/O on the file stay coherent.
-    fn write_through(&self, cred: &Cred, obj: &CachedObject, fd: &OwnedFd, data: &[u8], offset: u64, kind: SyncKind) -> VfsResult<(usize, bool)> {
-        const DIRECT_WRITE_MIN: usize = 128 * 1024;
-        /// Largest buffer a thread keeps between writes.
-        const KEEP_MAX: usize = 1024 * 1024;
-        thread_local! {
-            static BUF: std::cell::RefCell<sys::AlignedBuf> = const { std::cell::RefCell::new(sys::AlignedBuf::new()) };
-        }
-        let align = sys::DIRECT_ALIGN;
-        let aligned = data.len() >= DIRECT_WRITE_MIN && data.len() % align == 0 && offset % align as u64 == 0;
-        let direct = if aligned { self.direct_fd(cred, obj) } else { None };
-        let Some(dfd) = direct else {
-            return Ok((sys::pwrite(fd, data, offset, 0)?, false));
-        };
-        let flags = match kind {
-            SyncKind::Full => libc::RWF_SYNC,
-            SyncKind::Data => libc::RWF_DSYNC,
-        };
-        let written = BUF.with_borrow_mut(|buf| {
-            let r = sys::pwrite(&dfd, buf.fill(data), offset, flags);
-            if buf.capacity() > KEEP_MAX {
-                buf.release();
-            }
-            r
-        });
-        match written {
-            Ok(n) => Ok((n, true)),
-            // The device wants a larger alignment than we assumed: the page cache it is.
-            Err(VfsError::Inval) => Ok((sys::pwrite(fd, data, offset, 0)?, false)),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// The object's `O_DIRECT` descriptor, opened on first use; `None` if the filesystem
-    /// has no direct I/O.
-    fn direct_fd(&self, cred: &Cred, obj: &CachedObject) -> Option<Arc<OwnedFd>> {
-        obj.direct_fd
-            .get_or_init(|| {
-                let path = sys::proc_fd_path(obj.path_fd.as_raw_fd());
-                self.as_root(cred, || sys::openat(libc::AT_FDCWD, &path, libc::O_RDWR | libc::O_DIRECT, 0)).ok().map(Arc::new)
-            })
-            .clone()
-    }
-
     /// An UNSTABLE write on a thread that must not wait for the disk.
     fn write_nowait(&self, fd: &OwnedFd, data: &[u8], offset: u64, size: u64) -> VfsResult<usize> {
         if !self.no_nowait_writes.load(Ordering::Relaxed) {
@@ -501,13 +452,12 @@ impl Vfs for LocalFs {
             return Err(VfsError::WouldBlock);
         }
         let (obj, before, fd) = self.data_io(cred, id, W)?;
-        let kind = if stable == Stability::FileSync { SyncKind::Full } else { SyncKind::Data };
-        let (count, durable) = match blocking {
-            Blocking::Forbidden => (self.write_nowait(&fd, data, offset, before.size)?, false),
-            Blocking::Allowed if needs_sync => self.write_through(cred, &obj, &fd, data, offset, kind)?,
-            Blocking::Allowed => (sys::pwrite(&fd, data, offset, 0)?, false),
+        let count = match blocking {
+            Blocking::Forbidden => self.write_nowait(&fd, data, offset, before.size)?,
+            Blocking::Allowed => sys::pwrite(&fd, data, offset, 0)?,
         };
-        if needs_sync && !durable {
+        if needs_sync {
+            let kind = if stable == Stability::FileSync { SyncKind::Full } else { SyncKind::Data };
             self.make_durable(cred, &obj, &before, kind)?;
         }
         Ok(WriteResult { count, committed, wcc: Wcc { before: Some(PreOpAttr::from(&before)), after: self.stat(&obj).ok() } })
@@ -781,71 +731,5 @@ impl LocalFs {
             return None;
         }
         Some((id, sys::attr_from_stat(&st, self.fsid)))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn export(sync: bool) -> (tempfile::TempDir, LocalFs) {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let fs = LocalFs::open(&LocalConfig { path: dir.path().to_path_buf(), fsid: 1, sync, cache_capacity: 64 }).expect("open export");
-        (dir, fs)
-    }
-
-    fn pattern(tag: u8, len: usize) -> Vec<u8> {
-        (0..len).map(|i| tag ^ (i / 4096) as u8).collect()
-    }
-
-    fn read_all(fs: &LocalFs, id: &ObjectId, len: usize) -> Vec<u8> {
-        let mut out = Vec::new();
-        let r = fs.read(&Cred::root(), id, 0, len, &mut out, Blocking::Allowed).expect("read");
-        assert_eq!(r.count, len);
-        out
-    }
-
-    /// Large aligned stable writes bypass the page cache; reads through it must still see
-    /// them, over cached and dirty pages of the same range, and unaligned ones take the
-    /// buffered path.
-    #[test]
-    fn stable_writes_around_the_page_cache_stay_coherent() {
-        let (dir, fs) = export(true);
-        let root = fs.root();
-        let cred = Cred::root();
-        let file = fs.create(&cred, &root, b"f", &CreateHow::Guarded(SetAttrs::default())).expect("create").obj;
-        const LEN: usize = 1024 * 1024;
-        let mut expect = pattern(0x11, LEN);
-        fs.write(&cred, &file, 0, &expect, Stability::Unstable, Blocking::Allowed).expect("unstable write");
-        assert_eq!(read_all(&fs, &file, LEN), expect, "cached before the direct write");
-
-        for (offset, len, tag, stable) in [
-            (128 * 1024, 256 * 1024, 0x22, Stability::FileSync),
-            (512 * 1024, 512 * 1024, 0x33, Stability::DataSync),
-            (4096 + 100, 200 * 1024, 0x44, Stability::FileSync), // unaligned: buffered
-        ] {
-            let data = pattern(tag, len);
-            let w = fs.write(&cred, &file, offset as u64, &data, stable, Blocking::Allowed).expect("stable write");
-            assert_eq!((w.count, w.committed), (len, stable));
-            expect[offset..offset + len].copy_from_slice(&data);
-            assert_eq!(read_all(&fs, &file, LEN), expect, "after the write at {offset}");
-        }
-        let obj = fs.cache.get(&file).expect("cached object");
-        assert!(obj.direct_fd.get().is_some(), "the aligned stable writes did not try O_DIRECT");
-        assert_eq!(std::fs::read(dir.path().join("f")).expect("read back"), expect);
-    }
-
-    #[test]
-    fn aligned_buffer_is_aligned_and_holds_the_data() {
-        let mut buf = sys::AlignedBuf::new();
-        for len in [4096, 300_000, 8192] {
-            let data = pattern(len as u8, len);
-            let got = buf.fill(&data);
-            assert_eq!(got.as_ptr() as usize % sys::DIRECT_ALIGN, 0);
-            assert_eq!(got, &data[..]);
-        }
-        assert!(buf.capacity() >= 300_000, "the buffer shrank");
-        buf.release();
-        assert_eq!(buf.capacity(), 0);
     }
 }

@@ -210,64 +210,6 @@ pub fn pwrite(fd: &OwnedFd, data: &[u8], offset: u64, flags: libc::c_int) -> Vfs
     Ok(done)
 }
 
-/// Alignment that satisfies `O_DIRECT` on any block device (logical blocks of at most
-/// 4 KiB) for memory, file offset and length alike.
-pub const DIRECT_ALIGN: usize = 4096;
-
-/// A heap buffer aligned for `O_DIRECT`.
-pub struct AlignedBuf {
-    ptr: std::ptr::NonNull<u8>,
-    cap: usize,
-}
-
-// SAFETY: the buffer is plain owned memory, like a Vec<u8>.
-unsafe impl Send for AlignedBuf {}
-
-impl AlignedBuf {
-    pub const fn new() -> Self {
-        Self { ptr: std::ptr::NonNull::dangling(), cap: 0 }
-    }
-
-    /// `data` copied to the start of the buffer (grown to fit), as an aligned slice.
-    pub fn fill(&mut self, data: &[u8]) -> &[u8] {
-        if self.cap < data.len() {
-            self.release();
-            let cap = data.len().next_multiple_of(DIRECT_ALIGN);
-            let layout = std::alloc::Layout::from_size_align(cap, DIRECT_ALIGN).expect("valid layout");
-            // SAFETY: cap > 0 (data is longer than the old capacity, at least 0).
-            let p = unsafe { std::alloc::alloc(layout) };
-            self.ptr = std::ptr::NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-            self.cap = cap;
-        }
-        // SAFETY: the buffer holds at least data.len() bytes and does not overlap `data`.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr(), data.len());
-            std::slice::from_raw_parts(self.ptr.as_ptr(), data.len())
-        }
-    }
-
-    /// Frees the memory (a thread keeps it between writes only up to a limit).
-    pub fn release(&mut self) {
-        if self.cap > 0 {
-            let layout = std::alloc::Layout::from_size_align(self.cap, DIRECT_ALIGN).expect("valid layout");
-            // SAFETY: allocated above with this very layout.
-            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
-            self.ptr = std::ptr::NonNull::dangling();
-            self.cap = 0;
-        }
-    }
-
-    pub fn capacity(&self) -> usize {
-        self.cap
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        self.release();
-    }
-}
-
 pub fn fsync(fd: &OwnedFd) -> VfsResult<()> {
     // SAFETY: plain syscall on an owned fd.
     check(unsafe { libc::fsync(fd.as_raw_fd()) }).map(|_| ())
