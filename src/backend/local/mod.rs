@@ -457,6 +457,12 @@ impl Vfs for LocalFs {
             Blocking::Allowed => sys::pwrite(&fd, data, offset, 0)?,
         };
         if needs_sync {
+            // Start a large write's writeback now: while the caller waits for its turn at
+            // the group fsync the data is already on its way, and that fsync has less to do
+            // (1 MiB FILE_SYNC writes at iodepth 16: +18 %, docs/performance.md).
+            if count >= 64 * 1024 {
+                sys::start_writeback(&fd, offset, count as u64);
+            }
             let kind = if stable == Stability::FileSync { SyncKind::Full } else { SyncKind::Data };
             self.make_durable(cred, &obj, &before, kind)?;
         }

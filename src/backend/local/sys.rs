@@ -210,6 +210,13 @@ pub fn pwrite(fd: &OwnedFd, data: &[u8], offset: u64, flags: libc::c_int) -> Vfs
     Ok(done)
 }
 
+/// Asks the kernel to start writing back a range (no waiting, no durability by itself);
+/// a hint, so failures are ignored: the fsync that follows reports errors.
+pub fn start_writeback(fd: &OwnedFd, offset: u64, len: u64) {
+    // SAFETY: plain syscall on an owned fd.
+    unsafe { libc::sync_file_range(fd.as_raw_fd(), offset as i64, len as i64, libc::SYNC_FILE_RANGE_WRITE) };
+}
+
 pub fn fsync(fd: &OwnedFd) -> VfsResult<()> {
     // SAFETY: plain syscall on an owned fd.
     check(unsafe { libc::fsync(fd.as_raw_fd()) }).map(|_| ())
