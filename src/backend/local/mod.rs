@@ -8,11 +8,13 @@
 
 mod cache;
 pub mod creds;
+mod dirstream;
 mod sync;
 mod sys;
 
 use crate::vfs::*;
 use cache::{CachedObject, ObjectCache};
+use dirstream::{DirStream, DirStreams};
 use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, Ordering};
 use sync::SyncKind;
@@ -43,6 +45,8 @@ pub struct LocalFs {
     sync: bool,
     verifier: [u8; 8],
     cache: ObjectCache,
+    /// Directory listings in progress, left open where their last reply ended.
+    dir_streams: DirStreams,
     /// The file system refused `RWF_NOWAIT` for a buffered write: stop asking.
     no_nowait_writes: AtomicBool,
     max_file_size: u64,
@@ -118,6 +122,7 @@ impl LocalFs {
             sync: cfg.sync,
             verifier,
             cache: ObjectCache::new(cfg.cache_capacity),
+            dir_streams: DirStreams::default(),
             no_nowait_writes: AtomicBool::new(false),
             max_file_size,
         })
@@ -657,38 +662,61 @@ impl Vfs for LocalFs {
         accept: &mut dyn FnMut(DirEntry<'_>) -> bool,
     ) -> VfsResult<ReadDirEnd> {
         let (dobj, dattr) = self.resolve_dir(cred, dir)?;
-        // Opened as the caller so the kernel checks read permission on the directory (and
-        // through /proc, so listing does not also need search permission, as with ".").
-        let fd = sys::openat(libc::AT_FDCWD, &sys::proc_fd_path(dobj.path_fd.as_raw_fd()), libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
-        if cookie != 0 {
-            sys::lseek_set(&fd, cookie).map_err(|_| VfsError::BadCookie)?;
-        }
+        let mut stream = match self.dir_streams.take(dir, cookie, cred) {
+            Some(s) => s,
+            None => {
+                // Opened as the caller so the kernel checks read permission on the directory
+                // (and through /proc, so listing does not also need search permission, as
+                // with ".").
+                let fd = sys::openat(libc::AT_FDCWD, &sys::proc_fd_path(dobj.path_fd.as_raw_fd()), libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+                if cookie != 0 {
+                    sys::lseek_set(&fd, cookie).map_err(|_| VfsError::BadCookie)?;
+                }
+                // Start small and grow: the kernel fills the whole buffer, and a reply often
+                // takes far fewer entries than 32 KiB of dirents (libnfs asks for 8 KiB
+                // replies).
+                DirStream { fd, buf: vec![0u8; 4 * 1024], pos: 0, len: 0 }
+            }
+        };
         let at_root = self.is_root(&dattr);
-        // Start small and grow: the kernel fills the whole buffer, and a reply often takes
-        // far fewer entries than 32 KiB of dirents (libnfs asks for 8 KiB replies), so a
-        // fixed large buffer would read each stretch of the directory several times.
-        let mut buf = vec![0u8; 4 * 1024];
+        let mut last_cookie = None;
+        let mut reply_full = false;
         loop {
-            let n = sys::getdents(&fd, &mut buf)?;
-            if n == 0 {
-                return Ok(ReadDirEnd { eof: true, dir_attr: dattr });
+            if stream.pos == stream.len {
+                let n = sys::getdents(&stream.fd, &mut stream.buf)?;
+                if n == 0 {
+                    return Ok(ReadDirEnd { eof: true, dir_attr: dattr });
+                }
+                (stream.pos, stream.len) = (0, n);
+                if stream.buf.len() < 64 * 1024 {
+                    stream.buf.resize(stream.buf.len() * 2, 0);
+                }
             }
-            if buf.len() < 64 * 1024 {
-                buf.resize(buf.len() * 2, 0);
-            }
-            for ent in sys::parse_dirents(&buf[..n]) {
+            for ent in sys::parse_dirents(&stream.buf[stream.pos..stream.len]) {
                 let (fileid, extra) = match ent.name {
                     b"." => (dattr.fileid, plus.then(|| (*dir, dattr.clone()))),
                     b".." if at_root => (dattr.fileid, plus.then(|| (self.root_id, dattr.clone()))),
                     name => {
-                        let extra = if plus { self.entry_plus(&fd, name) } else { None };
+                        let extra = if plus { self.entry_plus(&stream.fd, name) } else { None };
                         (extra.as_ref().map_or(ent.ino, |(_, a)| a.fileid), extra)
                     }
                 };
                 if !accept(DirEntry { name: ent.name, fileid, cookie: ent.off, plus: extra }) {
-                    return Ok(ReadDirEnd { eof: false, dir_attr: dattr });
+                    reply_full = true;
+                    break;
                 }
+                last_cookie = Some(ent.off);
+                stream.pos += ent.reclen;
             }
+            if reply_full {
+                if let Some(c) = last_cookie {
+                    self.dir_streams.park(*dir, c, cred, stream);
+                }
+                return Ok(ReadDirEnd { eof: false, dir_attr: dattr });
+            }
+            // Whole buffer consumed (the kernel returns whole records; a malformed tail is
+            // skipped rather than looped on).
+            stream.pos = stream.len;
         }
     }
 
@@ -737,5 +765,88 @@ impl LocalFs {
             return None;
         }
         Some((id, sys::attr_from_stat(&st, self.fsid)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    fn export() -> (tempfile::TempDir, LocalFs) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fs = LocalFs::open(&LocalConfig { path: dir.path().to_path_buf(), fsid: 1, sync: false, cache_capacity: 64 }).expect("open export");
+        (dir, fs)
+    }
+
+    /// Lists `dir` the way a client does, `per_call` entries per reply, continuing at the
+    /// last cookie; `between` runs after every reply. Returns the names and the replies.
+    fn list(fs: &LocalFs, cred: &Cred, dir: &ObjectId, per_call: usize, mut between: impl FnMut()) -> (Vec<Vec<u8>>, usize) {
+        let (mut names, mut cookie, mut calls) = (Vec::new(), 0u64, 0);
+        loop {
+            let mut taken = 0;
+            let end = fs
+                .readdir(cred, dir, cookie, true, &mut |e: DirEntry<'_>| {
+                    if taken == per_call {
+                        return false;
+                    }
+                    taken += 1;
+                    assert!(e.plus.is_some(), "no attributes for {:?}", String::from_utf8_lossy(e.name));
+                    names.push(e.name.to_vec());
+                    cookie = e.cookie;
+                    true
+                })
+                .expect("readdir");
+            calls += 1;
+            between();
+            if end.eof {
+                return (names, calls);
+            }
+        }
+    }
+
+    #[test]
+    fn listing_continues_in_a_parked_stream_and_matches_a_reopened_one() {
+        let (dir, fs) = export();
+        for i in 0..500 {
+            std::fs::write(dir.path().join(format!("entry-with-a-longer-name-{i:05}")), b"").expect("create");
+        }
+        let cred = Cred::root();
+        let root = fs.root();
+        let mut parked_between = 0;
+        let (kept, calls) = list(&fs, &cred, &root, 37, || parked_between += fs.dir_streams.len());
+        assert!(calls > 10);
+        // Every reply but the last left its stream for the next call.
+        assert_eq!(parked_between, calls - 1);
+        assert_eq!(fs.dir_streams.len(), 0, "a finished listing stays parked");
+
+        // The same listing with every stream dropped between calls (reopen and seek).
+        let (reopened, _) = list(&fs, &cred, &root, 37, || while fs.dir_streams.take_any().is_some() {});
+        assert_eq!(kept, reopened);
+        let unique: HashSet<&Vec<u8>> = kept.iter().collect();
+        assert_eq!((kept.len(), unique.len()), (502, 502), "500 entries, . and .., each once");
+    }
+
+    #[test]
+    fn a_parked_stream_serves_only_its_caller() {
+        let (dir, fs) = export();
+        for i in 0..100 {
+            std::fs::write(dir.path().join(format!("f{i:03}")), b"").expect("create");
+        }
+        let root = fs.root();
+        let mut cookie = 0;
+        let mut n = 0;
+        fs.readdir(&Cred::root(), &root, 0, false, &mut |e: DirEntry<'_>| {
+            n += 1;
+            if n > 10 {
+                return false;
+            }
+            cookie = e.cookie;
+            true
+        })
+        .expect("readdir");
+        let other = Cred { uid: 1000, gid: 1000, groups: vec![] };
+        assert!(fs.dir_streams.take(&root, cookie, &other).is_none());
+        assert!(fs.dir_streams.take(&root, cookie, &Cred::root()).is_some());
     }
 }

@@ -260,6 +260,8 @@ pub struct RawDirent<'a> {
     pub ino: u64,
     pub off: u64,
     pub name: &'a [u8],
+    /// Bytes the record takes in the buffer.
+    pub reclen: usize,
 }
 
 /// Iterates the records of a getdents64 buffer.
@@ -277,7 +279,7 @@ pub fn parse_dirents(buf: &[u8]) -> impl Iterator<Item = RawDirent<'_>> {
         }
         let raw_name = &buf[pos + 19..pos + reclen];
         let name_len = raw_name.iter().position(|&b| b == 0).unwrap_or(raw_name.len());
-        let entry = RawDirent { ino, off, name: &raw_name[..name_len] };
+        let entry = RawDirent { ino, off, name: &raw_name[..name_len], reclen };
         pos += reclen;
         Some(entry)
     })
