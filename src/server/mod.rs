@@ -18,7 +18,7 @@ use crate::mount3::Mount3;
 use crate::nfs3::Nfs3;
 use crate::portmap::Portmap;
 use crate::rpc::dispatch::Dispatcher;
-use crate::rpc::record::RecordLimits;
+use crate::rpc::record::{RecordLimits, RecordPool};
 use crate::rpc::RpcProgram;
 use anyhow::Context;
 use state::{ExportRuntime, ServerState};
@@ -27,6 +27,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::net::{TcpListener, UdpSocket};
 use tokio::sync::Semaphore;
+
+/// Record buffers kept for reuse: enough for a client's 16–32 large WRITEs in flight,
+/// ~32 MiB at most while idle.
+const RECORD_BUFFERS_KEPT: usize = 32;
 
 /// Everything a connection task needs.
 pub(crate) struct Shared {
@@ -37,6 +41,8 @@ pub(crate) struct Shared {
     /// Requests in flight across all connections.
     pub global_requests: Arc<Semaphore>,
     pub busy_poll: BusyPoll,
+    /// Buffers of finished requests, reused for the next records.
+    pub record_pool: RecordPool,
 }
 
 /// A bound server, ready to run.
@@ -134,6 +140,7 @@ impl Server {
             record_limits: RecordLimits { max_record: config.limits.max_record_bytes, max_fragments: 1024 },
             global_requests: Arc::new(Semaphore::new(config.limits.max_requests_in_flight)),
             busy_poll: BusyPoll::new(std::time::Duration::from_micros(config.busy_poll_us)),
+            record_pool: RecordPool::new(RECORD_BUFFERS_KEPT),
         });
         Ok(Server { shared, state, tcp, udp, metrics_listener, local_addr })
     }

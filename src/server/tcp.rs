@@ -396,7 +396,7 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
         }
         let global_slot =
             batch.flush_before_waiting(shared.global_requests.clone().acquire_owned()).await.expect("never closed");
-        let mut record = Vec::new();
+        let mut record = shared.record_pool.take();
         let read = batch
             .flush_before_waiting(async {
                 tokio::select! {
@@ -416,6 +416,7 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
         let slots = (conn_slot, global_slot);
         match shared.dispatcher.try_handle_inline(&record, peer, local, Transport::Tcp) {
             Handled::Done(reply) => {
+                shared.record_pool.put(record);
                 if let Some(reply) = reply {
                     batch.push(Outgoing { reply, sent: 0, _slots: slots });
                 }
@@ -424,7 +425,9 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
             Handled::NeedsThread => {
                 let (shared, sink) = (shared.clone(), sink.clone());
                 tokio::task::spawn_blocking(move || {
-                    if let Some(reply) = shared.dispatcher.handle(&record, peer, local, Transport::Tcp) {
+                    let reply = shared.dispatcher.handle(&record, peer, local, Transport::Tcp);
+                    shared.record_pool.put(record);
+                    if let Some(reply) = reply {
                         sink.submit([Outgoing { reply, sent: 0, _slots: slots }]);
                     }
                     shared.metrics.request_finished();
