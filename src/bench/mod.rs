@@ -208,11 +208,23 @@ fn cache_dirs() -> Vec<PathBuf> {
     v
 }
 
-/// A tool of the test rig: `$ENV`, else the newest `<cache>/<prefix>*[/suffix]`, else built by
-/// `python3 -m rig.<module>` from the repository's tests directory.
+/// A tool of the test rig: `$ENV`; else what `python3 -m rig.<module>` names (run from
+/// the repository's tests directory: the rig knows which build matches its current recipe,
+/// e.g. the fio whose libnfs engine honours `sync=1`, and builds it if missing); else,
+/// outside a checkout, the newest `<cache>/<prefix>*[/suffix]`.
 fn rig_tool(env: &str, prefix: &str, suffix: &str, module: &str) -> Result<PathBuf> {
     if let Some(p) = std::env::var_os(env) {
         return Ok(PathBuf::from(p));
+    }
+    if let Some(t) = repo_tests_dir() {
+        let o = std::process::Command::new("python3").args(["-m", &format!("rig.{module}")]).current_dir(&t).output()?;
+        if o.status.success() {
+            let p = String::from_utf8_lossy(&o.stdout).trim().lines().last().unwrap_or("").to_string();
+            if !p.is_empty() {
+                return Ok(PathBuf::from(p));
+            }
+        }
+        bail!("python3 -m rig.{module} failed:\n{}", String::from_utf8_lossy(&o.stderr));
     }
     for d in cache_dirs() {
         let mut found: Vec<(std::time::SystemTime, PathBuf)> = Vec::new();
@@ -234,17 +246,6 @@ fn rig_tool(env: &str, prefix: &str, suffix: &str, module: &str) -> Result<PathB
         if let Some((_, p)) = found.pop() {
             return Ok(p);
         }
-    }
-    if let Some(t) = repo_tests_dir() {
-        eprintln!("bench: building the test rig's {module} (python3 -m rig.{module}) ...");
-        let o = std::process::Command::new("python3").args(["-m", &format!("rig.{module}")]).current_dir(&t).output()?;
-        if o.status.success() {
-            let p = String::from_utf8_lossy(&o.stdout).trim().lines().last().unwrap_or("").to_string();
-            if !p.is_empty() {
-                return Ok(PathBuf::from(p));
-            }
-        }
-        bail!("python3 -m rig.{module} failed:\n{}", String::from_utf8_lossy(&o.stderr));
     }
     bail!("no {prefix} binary: set {env} (or --fio) or run `cd tests && python3 -m rig.{module}`")
 }

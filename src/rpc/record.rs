@@ -72,6 +72,7 @@ impl RecordPool {
         }
     }
 
+    #[cfg(test)]
     pub fn pooled(&self) -> usize {
         self.bufs.lock().len()
     }
@@ -164,6 +165,7 @@ pub fn finish_record(mut w: XdrWriter) -> Reply {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn pool_keeps_large_buffers_up_to_its_limit_and_hands_them_back_empty() {
@@ -200,8 +202,6 @@ mod tests {
         assert!(read_record(&mut r, &limits, &mut buf).await.unwrap());
         assert_eq!(buf, second);
     }
-
-    use super::*;
 
     fn frag(data: &[u8], last: bool) -> Vec<u8> {
         let mut v = ((data.len() as u32) | if last { LAST_FRAGMENT } else { 0 }).to_be_bytes().to_vec();
