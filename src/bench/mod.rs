@@ -3,6 +3,7 @@
 //! one run, alternating targets per job, and writes report.md, report.html, PNG plots,
 //! results.json and the raw fio JSON.
 
+pub mod cpu;
 pub mod fio;
 pub mod local;
 pub mod metrics;
@@ -87,6 +88,9 @@ pub struct Measurement {
     /// measurement is the median one.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub repeats: Vec<f64>,
+    /// fio jobs: CPU of the client and of the server while the client ran.
+    #[serde(default)]
+    pub cpu: Option<cpu::CpuFigures>,
 }
 
 /// Writes back every dirty page before a fio job starts (not timed), so that no job
@@ -345,6 +349,7 @@ impl Runner {
                 settle_page_cache();
                 let args = fio::command_line(s, &slug(&job.name), &t.engine);
                 m.commands.push(format!("fio {}", fio::shell_join(&args)));
+                let window = cpu::CpuWindow::start(t.pid());
                 let run = loop {
                     match fio::run(&self.fio, &args, deadlines(s)) {
                         // libnfs (4.0) now and then never completes its last 1 MiB READs,
@@ -356,6 +361,7 @@ impl Runner {
                         r => break r?,
                     }
                 };
+                m.cpu = Some(window.finish());
                 self.save_raw(&tag(""), &run.raw);
                 m.hung_at_exit = run.hung_at_exit;
                 m.fio = Some(run.result);
@@ -388,6 +394,7 @@ impl Runner {
                     argvs.push((s, args));
                 }
                 settle_page_cache();
+                let window = cpu::CpuWindow::start(t.pid());
                 // Separate processes (own connections), started together.
                 for (_, args) in &argvs {
                     children.push(fio::spawn(&self.fio, args)?);
@@ -408,6 +415,7 @@ impl Runner {
                         }
                     }
                 }
+                m.cpu = Some(window.finish());
                 if let Some(e) = first_err {
                     return Err(e);
                 }

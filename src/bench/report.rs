@@ -118,6 +118,35 @@ fn latency_table(r: &Results, suite: &str) -> Option<Block> {
     (!rows.is_empty()).then_some(Block::Table { header, rows })
 }
 
+/// fio jobs: cores the client and the server kept busy, and the server's CPU per I/O.
+fn cpu_table(r: &Results, suite: &str) -> Option<Block> {
+    let names = r.target_names();
+    let mut header = vec!["job".to_string()];
+    header.extend(names.iter().map(|n| format!("{n} client / server cores · server CPU per I/O (µs)")));
+    let mut rows = Vec::new();
+    for j in r.jobs.iter().filter(|j| j.job.suite == suite && !matches!(j.job.kind, JobKind::Meta { .. })) {
+        let mut row = vec![j.job.name.clone()];
+        let mut any = false;
+        for n in &names {
+            let m = j.get(n).filter(|m| m.error.is_none());
+            row.push(match (m.and_then(|m| m.cpu.as_ref()), m.and_then(|m| m.fio.as_ref())) {
+                (Some(c), Some(f)) => {
+                    any = true;
+                    match c.server_cores() {
+                        Some(s) if f.iops() > 0.0 => format!("{:.2} / {:.2} · {}", c.client_cores(), s, fmt_num(s / f.iops() * 1e6)),
+                        _ => format!("{:.2} / - · -", c.client_cores()),
+                    }
+                }
+                _ => "-".into(),
+            });
+        }
+        if any {
+            rows.push(row);
+        }
+    }
+    (!rows.is_empty()).then_some(Block::Table { header, rows })
+}
+
 /// Metadata jobs: operations and seconds of the timed part, per target.
 fn meta_table(r: &Results, suite: &str) -> Option<Block> {
     let names = r.target_names();
@@ -310,6 +339,17 @@ pub fn blocks(r: &Results, old: Option<&Results>, plots: &[(String, String)]) ->
         }
         if let Some(t) = latency_table(r, &suite) {
             b.push(Block::Heading(3, "Completion latency (client side)".into()));
+            b.push(t);
+        }
+        if let Some(t) = cpu_table(r, &suite) {
+            b.push(Block::Heading(3, "CPU while the client ran".into()));
+            b.push(Block::Para(
+                "Cores kept busy (CPU seconds ÷ wall seconds of the client's run) by the client (fio) and by the server process, and the server's CPU \
+                 per I/O (its cores ÷ IOPS). Client and server share this machine's cores: a client near one full core, or the two together near \
+                 all cores, bounds the figure whatever the server does. Kernel work outside both processes (writeback threads, softirqs on \
+                 other cores) is in neither; `-`: the bench did not start that server (external, or the local disk's kernel)."
+                    .into(),
+            ));
             b.push(t);
         }
         if let Some(t) = server_table(r, &suite) {
@@ -655,5 +695,21 @@ mod tests {
         let html = html(&r, None, &[]);
         assert!(html.contains("<th>nasd÷local</th>") && html.contains("<td>2.00×</td>"));
         assert!(!html.contains("Change since"));
+    }
+
+    #[test]
+    fn cpu_table_shows_cores_and_server_cpu_per_io() {
+        let mut r = results();
+        let cpu = |client: f64, server: Option<f64>| Some(super::super::cpu::CpuFigures { seconds: 10.0, client, server });
+        r.jobs[0].runs[0].cpu = cpu(9.0, Some(6.0)); // nasd: 0.6 cores at 3000 IOPS = 200 µs per I/O
+        r.jobs[0].runs[1].cpu = cpu(8.0, None); // a server the bench did not start
+        let Block::Table { header, rows } = cpu_table(&r, "smoke").expect("a CPU table") else { panic!() };
+        assert_eq!(header[1], "nasd client / server cores · server CPU per I/O (µs)");
+        assert_eq!(rows, [["4k randread qd1", "0.90 / 0.60 · 200", "0.80 / - · -", "-"]]);
+        // Reports written before CPU figures existed have none: no table.
+        for m in &mut r.jobs[0].runs {
+            m.cpu = None;
+        }
+        assert!(cpu_table(&r, "smoke").is_none());
     }
 }

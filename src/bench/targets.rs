@@ -357,6 +357,12 @@ impl Target {
         self.spec == TargetSpec::Local
     }
 
+    /// Process id of the server the bench started (none for external servers and the
+    /// local disk).
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.as_ref().map(|p| p.id())
+    }
+
     /// Is the managed server still running?
     pub fn check_alive(&mut self) -> Result<()> {
         if let Some(p) = &mut self.proc {

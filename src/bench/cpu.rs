@@ -1,0 +1,115 @@
+//! CPU used while a job runs: by the client (fio and any other process the bench waited
+//! for) and by the server process, when the bench started it (nasd, Ganesha). Client and
+//! server share the machine's cores, so these tell what bounds a figure: the client, the
+//! server, or neither (the disk). Kernel work done outside both processes (writeback
+//! threads, softirqs on other cores) is in neither figure.
+
+use serde::{Deserialize, Serialize};
+use std::time::Instant;
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct CpuFigures {
+    /// Wall-clock seconds of the window measured (the client's whole run).
+    pub seconds: f64,
+    /// CPU seconds (user + system) of the client processes.
+    pub client: f64,
+    /// CPU seconds (user + system) of the server process; `None` when the bench did not
+    /// start it (an external server, the local disk).
+    pub server: Option<f64>,
+}
+
+impl CpuFigures {
+    pub fn client_cores(&self) -> f64 {
+        self.client / self.seconds.max(1e-9)
+    }
+
+    pub fn server_cores(&self) -> Option<f64> {
+        self.server.map(|s| s / self.seconds.max(1e-9))
+    }
+}
+
+/// A measurement in progress: start it right before the client starts, finish it once
+/// every client process has been waited for.
+pub struct CpuWindow {
+    started: Instant,
+    children: f64,
+    server_pid: Option<u32>,
+    server: Option<f64>,
+}
+
+impl CpuWindow {
+    pub fn start(server_pid: Option<u32>) -> Self {
+        Self { started: Instant::now(), children: children_cpu(), server_pid, server: server_pid.and_then(process_cpu) }
+    }
+
+    pub fn finish(self) -> CpuFigures {
+        let server = match (self.server, self.server_pid.and_then(process_cpu)) {
+            (Some(before), Some(after)) => Some((after - before).max(0.0)),
+            _ => None,
+        };
+        CpuFigures { seconds: self.started.elapsed().as_secs_f64(), client: (children_cpu() - self.children).max(0.0), server }
+    }
+}
+
+/// CPU seconds of this process's children that have been waited for.
+fn children_cpu() -> f64 {
+    // SAFETY: getrusage fills the struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) } != 0 {
+        return 0.0;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(ru.ru_utime) + secs(ru.ru_stime)
+}
+
+/// CPU seconds (user + system, all threads) of a running process.
+pub fn process_cpu(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: fields count from the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the name: state is field 3 of stat(5), utime 14 and stime 15.
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    Some(ticks / if hz > 0 { hz as f64 } else { 100.0 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn burn(d: std::time::Duration) {
+        let end = Instant::now() + d;
+        let mut x = 0u64;
+        while Instant::now() < end {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+        }
+    }
+
+    #[test]
+    fn a_window_counts_the_client_it_waited_for_and_the_server_process() {
+        let me = std::process::id();
+        let w = CpuWindow::start(Some(me));
+        // The "client": a child that spins for a while; the "server": this process.
+        let status = std::process::Command::new("sh")
+            .args(["-c", "end=$(($(date +%s) + 1)); while [ $(date +%s) -le $end ]; do :; done"])
+            .status()
+            .expect("run sh");
+        assert!(status.success());
+        burn(std::time::Duration::from_millis(300));
+        let f = w.finish();
+        assert!(f.seconds >= 1.0, "window of {} s", f.seconds);
+        assert!(f.client > 0.3, "the waited-for child's CPU was not counted: {f:?}");
+        assert!(f.server.is_some_and(|s| s >= 0.2), "this process's own CPU was not counted: {f:?}");
+        assert!(f.client_cores() <= 2.5 && f.server_cores().unwrap() <= 2.5);
+    }
+
+    #[test]
+    fn no_server_figure_without_a_server_process() {
+        assert!(process_cpu(u32::MAX).is_none());
+        let f = CpuWindow::start(None).finish();
+        assert_eq!(f.server, None);
+        assert_eq!(f.server_cores(), None);
+    }
+}
