@@ -129,6 +129,17 @@ pub struct MetaFigures {
 }
 
 impl Measurement {
+    /// The server process's CPU per operation (µs): per I/O for fio jobs (its cores ÷
+    /// IOPS), per counted operation for metadata jobs.
+    pub fn server_cpu_per_op_us(&self) -> Option<f64> {
+        let cpu = self.cpu.as_ref()?;
+        match (&self.meta, &self.fio) {
+            (Some(meta), _) if meta.ops > 0 => Some(cpu.server? / meta.ops as f64 * 1e6),
+            (_, Some(f)) if f.iops() > 0.0 => Some(cpu.server_cores()? / f.iops() * 1e6),
+            _ => None,
+        }
+    }
+
     /// The headline figure of a job (IOPS, MiB/s or ops/s).
     pub fn value(&self, metric: Metric) -> Option<f64> {
         if self.error.is_some() {
@@ -448,7 +459,9 @@ impl Runner {
                     MetaOp::Remove => (vec!["remove-loop".into(), "/md-flat".into(), files.to_string(), "r".into()], "ops"),
                     MetaOp::Untar | MetaOp::CopyTree | MetaOp::RemoveTree => unreachable!("real-tree jobs run in run_tree_job"),
                 };
+                let window = cpu::CpuWindow::start(t.pid());
                 let (cmd, v) = self.nfsh(t, &args)?;
+                m.cpu = Some(window.finish());
                 m.commands.push(cmd);
                 self.save_raw(&tag(""), &v.to_string());
                 let ops = v[count_key].as_f64().unwrap_or(0.0);
@@ -499,7 +512,9 @@ impl Runner {
                 MetaOp::CopyTree => vec!["copy-tree".into(), "/tree-untar".into(), "/tree-copy".into()],
                 _ => vec!["remove-tree".into(), "/tree-untar".into()],
             };
+            let window = cpu::CpuWindow::start(t.pid());
             let (cmd, v) = self.nfsh(t, &args)?;
+            m.cpu = Some(window.finish());
             m.commands.push(cmd);
             self.save_raw(tag, &v.to_string());
             if op == MetaOp::RemoveTree {

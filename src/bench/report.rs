@@ -118,26 +118,25 @@ fn latency_table(r: &Results, suite: &str) -> Option<Block> {
     (!rows.is_empty()).then_some(Block::Table { header, rows })
 }
 
-/// fio jobs: cores the client and the server kept busy, and the server's CPU per I/O.
+/// Cores the client and the server kept busy while the client ran, and the server's CPU
+/// per operation.
 fn cpu_table(r: &Results, suite: &str) -> Option<Block> {
     let names = r.target_names();
     let mut header = vec!["job".to_string()];
-    header.extend(names.iter().map(|n| format!("{n} client / server cores · server CPU per I/O (µs)")));
+    header.extend(names.iter().map(|n| format!("{n} client / server cores · server CPU per op (µs)")));
     let mut rows = Vec::new();
-    for j in r.jobs.iter().filter(|j| j.job.suite == suite && !matches!(j.job.kind, JobKind::Meta { .. })) {
+    for j in r.jobs.iter().filter(|j| j.job.suite == suite) {
         let mut row = vec![j.job.name.clone()];
         let mut any = false;
         for n in &names {
             let m = j.get(n).filter(|m| m.error.is_none());
-            row.push(match (m.and_then(|m| m.cpu.as_ref()), m.and_then(|m| m.fio.as_ref())) {
-                (Some(c), Some(f)) => {
+            row.push(match m.and_then(|m| m.cpu.as_ref().map(|c| (c, m.server_cpu_per_op_us()))) {
+                Some((c, per_op)) => {
                     any = true;
-                    match c.server_cores() {
-                        Some(s) if f.iops() > 0.0 => format!("{:.2} / {:.2} · {}", c.client_cores(), s, fmt_num(s / f.iops() * 1e6)),
-                        _ => format!("{:.2} / - · -", c.client_cores()),
-                    }
+                    let server = c.server_cores().map_or("-".into(), |s| format!("{s:.2}"));
+                    format!("{:.2} / {server} · {}", c.client_cores(), per_op.map_or("-".into(), fmt_num))
                 }
-                _ => "-".into(),
+                None => "-".into(),
             });
         }
         if any {
@@ -344,10 +343,12 @@ pub fn blocks(r: &Results, old: Option<&Results>, plots: &[(String, String)]) ->
         if let Some(t) = cpu_table(r, &suite) {
             b.push(Block::Heading(3, "CPU while the client ran".into()));
             b.push(Block::Para(
-                "Cores kept busy (CPU seconds ÷ wall seconds of the client's run) by the client (fio) and by the server process, and the server's CPU \
-                 per I/O (its cores ÷ IOPS). Client and server share this machine's cores: a client near one full core, or the two together near \
+                "Cores kept busy (CPU seconds ÷ wall seconds of the client's run) by the client (fio, or nfsh for the metadata jobs) and by the \
+                 server process, and the server's CPU per operation (fio: its cores ÷ IOPS; metadata: its CPU ÷ the operations counted). Client and server share this machine's cores: a client near one full core, or the two together near \
                  all cores, bounds the figure whatever the server does. Kernel work outside both processes (writeback threads, softirqs on \
-                 other cores) is in neither; `-`: the bench did not start that server (external, or the local disk's kernel)."
+                 other cores) is in neither; `-`: the bench did not start that server (external, or the local disk's kernel). nasd's \
+                 figure includes its busy polling: after a reply to a client that calls in a tight loop it spins up to `--busy-poll-us` \
+                 (50 µs) for the next call, so where calls come one at a time (metadata jobs, iodepth 1) most of its CPU is that wait."
                     .into(),
             ));
             b.push(t);
@@ -704,8 +705,16 @@ mod tests {
         r.jobs[0].runs[0].cpu = cpu(9.0, Some(6.0)); // nasd: 0.6 cores at 3000 IOPS = 200 µs per I/O
         r.jobs[0].runs[1].cpu = cpu(8.0, None); // a server the bench did not start
         let Block::Table { header, rows } = cpu_table(&r, "smoke").expect("a CPU table") else { panic!() };
-        assert_eq!(header[1], "nasd client / server cores · server CPU per I/O (µs)");
+        assert_eq!(header[1], "nasd client / server cores · server CPU per op (µs)");
         assert_eq!(rows, [["4k randread qd1", "0.90 / 0.60 · 200", "0.80 / - · -", "-"]]);
+        // Metadata jobs: the server's CPU over the operations nfsh counted.
+        let meta = Measurement {
+            target: "nasd".into(),
+            meta: Some(super::super::MetaFigures { ops: 5000, seconds: 2.0, bytes: None }),
+            cpu: Some(super::super::cpu::CpuFigures { seconds: 2.5, client: 1.0, server: Some(1.0) }),
+            ..Default::default()
+        };
+        assert_eq!(meta.server_cpu_per_op_us(), Some(200.0));
         // Reports written before CPU figures existed have none: no table.
         for m in &mut r.jobs[0].runs {
             m.cpu = None;
