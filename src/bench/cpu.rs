@@ -51,15 +51,20 @@ impl CpuWindow {
     }
 }
 
-/// CPU seconds of this process's children that have been waited for.
-fn children_cpu() -> f64 {
+/// CPU seconds (user + system) from `getrusage(who)`; 0 if it fails.
+fn rusage_cpu(who: libc::c_int) -> f64 {
     // SAFETY: getrusage fills the struct it is given.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) } != 0 {
+    if unsafe { libc::getrusage(who, &mut ru) } != 0 {
         return 0.0;
     }
     let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     secs(ru.ru_utime) + secs(ru.ru_stime)
+}
+
+/// CPU seconds of this process's children that have been waited for.
+fn children_cpu() -> f64 {
+    rusage_cpu(libc::RUSAGE_CHILDREN)
 }
 
 /// CPU seconds (user + system, all threads) of a running process.
@@ -79,19 +84,10 @@ pub fn process_cpu(pid: u32) -> Option<f64> {
 mod tests {
     use super::*;
 
-    /// CPU seconds this process has used (all threads).
-    fn own_cpu() -> f64 {
-        // SAFETY: getrusage fills the struct it is given.
-        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-        assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) }, 0);
-        let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-        secs(ru.ru_utime) + secs(ru.ru_stime)
-    }
-
     #[test]
     fn a_window_counts_the_client_it_waited_for_and_the_server_process() {
         let me = std::process::id();
-        let own_before = own_cpu();
+        let own_before = rusage_cpu(libc::RUSAGE_SELF);
         let w = CpuWindow::start(Some(me));
         // The "client": a child with a fixed amount of work (about 0.25 s of CPU here);
         // the "server": this process, busy for a while too.
@@ -105,7 +101,7 @@ mod tests {
             x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
         }
         let f = w.finish();
-        let own = own_cpu() - own_before;
+        let own = rusage_cpu(libc::RUSAGE_SELF) - own_before;
         assert!(f.client > 0.05, "the waited-for child's CPU was not counted: {f:?}");
         // /proc counts in clock ticks: allow a few either side of getrusage's figure.
         let server = f.server.expect("a server figure for a running process");
