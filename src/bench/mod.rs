@@ -385,7 +385,9 @@ impl Runner {
                 }
                 let args = fio::command_line(shape, op, &t.engine);
                 m.commands.push(format!("fio {}", fio::shell_join(&args)));
+                let window = cpu::CpuWindow::start(t.pid());
                 let run = fio::run(&self.fio, &args, fio::Deadlines::size_based(1800))?;
+                m.cpu = Some(window.finish());
                 self.save_raw(&tag(""), &run.raw);
                 m.fio = Some(run.result);
                 self.laid_out.insert((t.name.clone(), shape.file.clone()), shape.size);
