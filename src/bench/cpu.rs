@@ -42,6 +42,13 @@ impl CpuWindow {
         Self { started: Instant::now(), children: children_cpu(), server_pid, server: server_pid.and_then(process_cpu) }
     }
 
+    /// The figures, or none when a client was killed: a killed fio's job processes are
+    /// never waited for by it, so their CPU escapes the count, and the window includes the
+    /// time it hung.
+    pub fn finish_unless(self, client_killed: bool) -> Option<CpuFigures> {
+        (!client_killed).then(|| self.finish())
+    }
+
     pub fn finish(self) -> CpuFigures {
         let server = match (self.server, self.server_pid.and_then(process_cpu)) {
             (Some(before), Some(after)) => Some((after - before).max(0.0)),
@@ -115,5 +122,7 @@ mod tests {
         let f = CpuWindow::start(None).finish();
         assert_eq!(f.server, None);
         assert_eq!(f.server_cores(), None);
+        assert!(CpuWindow::start(None).finish_unless(true).is_none(), "a figure for a client that was killed");
+        assert!(CpuWindow::start(None).finish_unless(false).is_some());
     }
 }

@@ -372,7 +372,7 @@ impl Runner {
                         r => break r?,
                     }
                 };
-                m.cpu = Some(window.finish());
+                m.cpu = window.finish_unless(run.hung_at_exit.is_some() || m.stuck_retries > 0);
                 self.save_raw(&tag(""), &run.raw);
                 m.hung_at_exit = run.hung_at_exit;
                 m.fio = Some(run.result);
@@ -387,7 +387,7 @@ impl Runner {
                 m.commands.push(format!("fio {}", fio::shell_join(&args)));
                 let window = cpu::CpuWindow::start(t.pid());
                 let run = fio::run(&self.fio, &args, fio::Deadlines::size_based(1800))?;
-                m.cpu = Some(window.finish());
+                m.cpu = window.finish_unless(run.hung_at_exit.is_some());
                 self.save_raw(&tag(""), &run.raw);
                 m.fio = Some(run.result);
                 self.laid_out.insert((t.name.clone(), shape.file.clone()), shape.size);
@@ -428,7 +428,7 @@ impl Runner {
                         }
                     }
                 }
-                m.cpu = Some(window.finish());
+                m.cpu = window.finish_unless(m.hung_at_exit.is_some());
                 if let Some(e) = first_err {
                     return Err(e);
                 }
