@@ -337,9 +337,22 @@ pub fn run(fio: &Path, args: &[String], deadlines: Deadlines) -> Result<FioRun> 
     wait(child, args, deadlines)
 }
 
-pub fn spawn(fio: &Path, args: &[String]) -> Result<std::process::Child> {
+/// A running fio whose output is being collected.
+pub struct Running {
+    child: std::process::Child,
+    out: std::sync::Arc<std::sync::Mutex<String>>,
+    err: std::sync::Arc<std::sync::Mutex<String>>,
+    readers: [std::thread::JoinHandle<()>; 2],
+}
+
+/// Starts fio and at once begins collecting its output: a client whose pipe nobody reads
+/// stops when the pipe is full, so several started together and waited for one after the
+/// other would otherwise run one after the other.
+pub fn spawn(fio: &Path, args: &[String]) -> Result<Running> {
+    use std::io::Read;
     use std::os::unix::process::CommandExt;
-    Command::new(fio)
+    use std::sync::{Arc, Mutex};
+    let mut child = Command::new(fio)
         .args(args)
         // Its own process group, so its job processes (which hold the output pipes) can be
         // stopped with it.
@@ -348,15 +361,9 @@ pub fn spawn(fio: &Path, args: &[String]) -> Result<std::process::Child> {
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .with_context(|| format!("running {}", fio.display()))
-}
-
-pub fn wait(mut child: std::process::Child, args: &[String], deadlines: Deadlines) -> Result<FioRun> {
-    use std::io::Read;
-    use std::sync::{Arc, Mutex};
-    use std::time::{Duration, Instant};
-    let mut so = child.stdout.take().unwrap();
-    let mut se = child.stderr.take().unwrap();
+        .with_context(|| format!("running {}", fio.display()))?;
+    let mut so = child.stdout.take().expect("piped stdout");
+    let mut se = child.stderr.take().expect("piped stderr");
     // stdout is collected as it comes, so status reports can be read while fio runs.
     let out = Arc::new(Mutex::new(String::new()));
     let t_out = {
@@ -380,6 +387,12 @@ pub fn wait(mut child: std::process::Child, args: &[String], deadlines: Deadline
             *err.lock().unwrap() = s;
         })
     };
+    Ok(Running { child, out, err, readers: [t_out, t_err] })
+}
+
+pub fn wait(running: Running, args: &[String], deadlines: Deadlines) -> Result<FioRun> {
+    use std::time::{Duration, Instant};
+    let Running { mut child, out, err, readers: [t_out, t_err] } = running;
     let started = Instant::now();
     let hung_after = (deadlines.measures > 0).then(|| Duration::from_secs(deadlines.measures + deadlines.exit_grace));
     let mut hung_at_exit = None;
@@ -529,6 +542,29 @@ Failed NFS operation(code:-14)
         std::fs::write(&script, format!("#!/bin/sh\ncat {}\nexec sleep 60\n", json.display())).unwrap();
         std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
         script
+    }
+
+    #[test]
+    fn clients_started_together_are_not_held_up_by_their_output() {
+        // Each fake fio writes more than a pipe holds before it can finish. Unless their
+        // output is read from the start, the second blocks until the bench waits for it.
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("report.json");
+        std::fs::write(&json, SAMPLE).unwrap();
+        let script = dir.path().join("fio");
+        std::fs::write(&script, format!("#!/bin/sh\nhead -c 300000 /dev/zero | tr '\\0' ' '\ntouch \"$1\"\ncat {}\n", json.display())).unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let markers: Vec<String> = (0..2).map(|i| dir.path().join(format!("past-output-{i}")).display().to_string()).collect();
+        let running: Vec<Running> = markers.iter().map(|m| spawn(&script, &[m.clone()]).unwrap()).collect();
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !markers.iter().all(|m| Path::new(m).exists()) {
+            assert!(std::time::Instant::now() < end, "a client stayed blocked on its output while nobody waited for it");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        for (r, m) in running.into_iter().zip(&markers) {
+            let run = wait(r, &[m.clone()], Deadlines { measures: 0, exit_grace: 0, stuck: 30 }).unwrap();
+            assert_eq!(run.result.read.ios, 1000);
+        }
     }
 
     #[test]
