@@ -88,7 +88,8 @@ pub struct Measurement {
     /// measurement is the median one.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub repeats: Vec<f64>,
-    /// fio jobs: CPU of the client and of the server while the client ran.
+    /// CPU of the client (fio, nfsh) and of the server while the client ran; none for runs
+    /// whose fio was killed.
     #[serde(default)]
     pub cpu: Option<cpu::CpuFigures>,
 }

@@ -699,7 +699,7 @@ mod tests {
     }
 
     #[test]
-    fn cpu_table_shows_cores_and_server_cpu_per_io() {
+    fn cpu_table_shows_cores_and_server_cpu_per_op() {
         let mut r = results();
         let cpu = |client: f64, server: Option<f64>| Some(super::super::cpu::CpuFigures { seconds: 10.0, client, server });
         r.jobs[0].runs[0].cpu = cpu(9.0, Some(6.0)); // nasd: 0.6 cores at 3000 IOPS = 200 µs per I/O
