@@ -1,12 +1,17 @@
-//! Open-object cache: kernel handle -> open descriptors, so a busy file costs no
-//! `open_by_handle_at` per request (the role of knfsd's filecache).
+//! The backend's bounded in-memory maps: the open-object cache (kernel handle -> open
+//! descriptors, so a busy file costs no `open_by_handle_at` per request, the role of
+//! knfsd's filecache) and the handle cache (inode -> kernel handle, so a READDIRPLUS entry
+//! costs no `name_to_handle_at`).
 
 use super::sync::SyncGroup;
 use crate::vfs::ObjectId;
 use parking_lot::Mutex;
+use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 /// One cached object: an `O_PATH` descriptor that names it, lazily a descriptor open for
 /// I/O (read-write for files, read-only for directories), and the group commit that
@@ -18,56 +23,155 @@ pub struct CachedObject {
 }
 
 impl CachedObject {
-    pub fn new(path_fd: OwnedFd) -> Self {
-        Self { path_fd, io_fd: Mutex::new(None), sync: SyncGroup::default() }
+    pub fn new(path_fd: OwnedFd) -> Arc<Self> {
+        Arc::new(Self {
+            path_fd,
+            io_fd: Mutex::new(None),
+            sync: SyncGroup::default(),
+        })
     }
 }
 
+pub type ObjectCache = BoundedMap<ObjectId, Arc<CachedObject>>;
+
 const SHARDS: usize = 16;
 
-pub struct ObjectCache {
-    shards: Vec<Mutex<HashMap<ObjectId, Arc<CachedObject>>>>,
+/// A map of at most about `capacity` entries, sharded so that threads working on
+/// different keys rarely meet on a lock.
+pub struct BoundedMap<K, V> {
+    shards: Vec<Mutex<HashMap<K, V>>>,
     per_shard: usize,
+    hasher: RandomState,
 }
 
-impl ObjectCache {
+impl<K: Hash + Eq + Copy, V: Clone> BoundedMap<K, V> {
     pub fn new(capacity: usize) -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             per_shard: (capacity / SHARDS).max(4),
+            hasher: RandomState::new(),
         }
     }
 
-    fn shard(&self, id: &ObjectId) -> &Mutex<HashMap<ObjectId, Arc<CachedObject>>> {
-        let b = id.as_bytes();
-        let h = b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| (h ^ x as u64).wrapping_mul(0x100_0000_01b3));
-        &self.shards[(h as usize) % SHARDS]
+    fn shard(&self, key: &K) -> &Mutex<HashMap<K, V>> {
+        &self.shards[(self.hasher.hash_one(key) as usize) % SHARDS]
     }
 
-    pub fn get(&self, id: &ObjectId) -> Option<Arc<CachedObject>> {
-        self.shard(id).lock().get(id).cloned()
+    pub fn get(&self, key: &K) -> Option<V> {
+        self.shard(key).lock().get(key).cloned()
     }
 
-    /// Inserts unless another thread won the race; returns the cached entry either way.
-    pub fn insert(&self, id: ObjectId, obj: CachedObject) -> Arc<CachedObject> {
-        let mut shard = self.shard(&id).lock();
-        if let Some(existing) = shard.get(&id) {
+    /// Inserts unless another thread won the race; returns the entry in the map either way.
+    pub fn insert(&self, key: K, value: V) -> V {
+        let mut shard = self.shard(&key).lock();
+        if let Some(existing) = shard.get(&key) {
             return existing.clone();
         }
         if shard.len() >= self.per_shard {
-            // Drop an arbitrary quarter: cheap, and in-use objects stay alive through
-            // their Arc until their requests finish.
-            let victims: Vec<ObjectId> = shard.keys().take(self.per_shard / 4 + 1).copied().collect();
+            // Drop an arbitrary quarter: cheap, and (for objects) in-use entries stay
+            // alive through their Arc until their requests finish.
+            let victims: Vec<K> = shard.keys().take(self.per_shard / 4 + 1).copied().collect();
             for v in victims {
                 shard.remove(&v);
             }
         }
-        let obj = Arc::new(obj);
-        shard.insert(id, obj.clone());
-        obj
+        shard.insert(key, value.clone());
+        value
     }
 
-    pub fn remove(&self, id: &ObjectId) {
-        self.shard(id).lock().remove(id);
+    pub fn remove(&self, key: &K) {
+        self.shard(key).lock().remove(key);
+    }
+}
+
+/// One incarnation of an inode: its number and its birth time. Inode numbers are reused
+/// once a file is deleted, but a successor is born later, so the pair names one inode for
+/// as long as the clock only moves forward.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct InodeKey {
+    ino: u64,
+    born_sec: i64,
+    born_nsec: u32,
+}
+
+/// File systems stamp birth times from a clock that ticks every few milliseconds, so two
+/// inodes born in one tick can share a birth time. An inode is keyed only once its birth is
+/// further in the past than this: every inode born from then on has a later birth time.
+const BIRTH_TICK_MARGIN: Duration = Duration::from_millis(50);
+
+impl InodeKey {
+    /// The key of the inode `st` describes, if the file system reports birth times and the
+    /// inode was born long enough ago (at `now`) to be told apart from any successor.
+    pub fn of(st: &libc::statx, now: SystemTime) -> Option<Self> {
+        if st.stx_mask & libc::STATX_BTIME == 0 || st.stx_btime.tv_sec < 0 {
+            return None;
+        }
+        let born = SystemTime::UNIX_EPOCH
+            + Duration::new(st.stx_btime.tv_sec as u64, st.stx_btime.tv_nsec);
+        if born + BIRTH_TICK_MARGIN >= now {
+            return None;
+        }
+        Some(Self {
+            ino: st.stx_ino,
+            born_sec: st.stx_btime.tv_sec,
+            born_nsec: st.stx_btime.tv_nsec,
+        })
+    }
+}
+
+/// Kernel handles by inode, for entries listed again (or first seen by LOOKUP or CREATE).
+pub type HandleCache = BoundedMap<InodeKey, ObjectId>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn statx_born(ino: u64, sec: i64, nsec: u32, mask: u32) -> libc::statx {
+        // SAFETY: statx is plain data; all-zero is a valid value.
+        let mut st: libc::statx = unsafe { std::mem::zeroed() };
+        st.stx_mask = mask;
+        st.stx_ino = ino;
+        st.stx_btime.tv_sec = sec;
+        st.stx_btime.tv_nsec = nsec;
+        st
+    }
+
+    #[test]
+    fn inodes_are_keyed_only_once_their_birth_tick_has_passed() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let mask = libc::STATX_BASIC_STATS | libc::STATX_BTIME;
+        let old = statx_born(7, 999_999, 0, mask);
+        assert!(InodeKey::of(&old, now).is_some());
+        // Born 10 ms ago: a successor born in the same tick could get the same birth time.
+        let young = statx_born(7, 999_999, 990_000_000, mask);
+        assert_eq!(InodeKey::of(&young, now), None);
+        // No birth time reported: no key.
+        assert_eq!(
+            InodeKey::of(&statx_born(7, 999_999, 0, libc::STATX_BASIC_STATS), now),
+            None
+        );
+        // Same number, different birth: different inodes.
+        assert_ne!(
+            InodeKey::of(&old, now),
+            InodeKey::of(&statx_born(7, 999_998, 0, mask), now)
+        );
+    }
+
+    #[test]
+    fn bounded_map_stays_bounded_and_first_insert_wins() {
+        let m: BoundedMap<u64, u64> = BoundedMap::new(64);
+        assert_eq!(m.insert(1, 10), 10);
+        assert_eq!(
+            m.insert(1, 11),
+            10,
+            "a racing insert gets the entry already there"
+        );
+        for k in 0..10_000 {
+            m.insert(k, k);
+        }
+        let total: usize = m.shards.iter().map(|s| s.lock().len()).sum();
+        assert!(total <= 64, "{total} entries kept for a capacity of 64");
+        m.remove(&9_999);
+        assert_eq!(m.get(&9_999), None);
     }
 }

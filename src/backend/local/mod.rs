@@ -13,14 +13,15 @@ mod sync;
 mod sys;
 
 use crate::vfs::*;
-use cache::{CachedObject, ObjectCache};
+use cache::{CachedObject, HandleCache, InodeKey, ObjectCache};
 use dirstream::{DirStream, DirStreams};
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::sync::atomic::{AtomicBool, Ordering};
 use sync::SyncKind;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::SystemTime;
 
 #[derive(Debug, Clone)]
 pub struct LocalConfig {
@@ -45,12 +46,18 @@ pub struct LocalFs {
     sync: bool,
     verifier: [u8; 8],
     cache: ObjectCache,
+    /// Handles of inodes seen before, so listing them again costs no `name_to_handle_at`.
+    handles: HandleCache,
     /// Directory listings in progress, left open where their last reply ended.
     dir_streams: DirStreams,
     /// The file system refused `RWF_NOWAIT` for a buffered write: stop asking.
     no_nowait_writes: AtomicBool,
     max_file_size: u64,
 }
+
+/// Handles are small (about 100 bytes cached) and every listed entry has one: the handle
+/// cache holds this many for every open object the object cache may hold.
+const HANDLES_PER_OPEN_OBJECT: usize = 16;
 
 /// Stable writes of at least this size start their writeback before the group fsync.
 const EARLY_WRITEBACK_MIN: usize = 64 * 1024;
@@ -125,6 +132,7 @@ impl LocalFs {
             sync: cfg.sync,
             verifier,
             cache: ObjectCache::new(cfg.cache_capacity),
+            handles: HandleCache::new(cfg.cache_capacity.saturating_mul(HANDLES_PER_OPEN_OBJECT)),
             dir_streams: DirStreams::default(),
             no_nowait_writes: AtomicBool::new(false),
             max_file_size,
@@ -236,14 +244,49 @@ impl LocalFs {
     /// Opens `name` in `dir` without following symlinks; refuses other filesystems.
     fn open_entry(&self, dir: &CachedObject, name: &CString) -> VfsResult<(ObjectId, Attr, OwnedFd)> {
         let fd = sys::openat(dir.path_fd.as_raw_fd(), name, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
-        let st = sys::fstat(fd.as_raw_fd())?;
-        let (id, mount) = sys::name_to_handle(fd.as_raw_fd(), &CString::default(), libc::AT_EMPTY_PATH)?;
-        if st.st_dev != self.root_dev || mount != self.root_mount {
-            // A mount point inside the export (another filesystem or a bind mount): not
-            // crossed, so nothing outside the export is reachable through it.
+        let st = sys::statx(fd.as_raw_fd(), c"", libc::AT_EMPTY_PATH)?;
+        let id = self.handle_for(fd.as_raw_fd(), c"", libc::AT_EMPTY_PATH, &st, true)?;
+        Ok((id, sys::attr_from_statx(&st, self.fsid), fd))
+    }
+
+    /// The cached handle of the object `st` describes, if it is on the export's mount and
+    /// was seen before.
+    fn cached_handle(&self, st: &libc::statx) -> Option<ObjectId> {
+        if sys::statx_dev(st) != self.root_dev || sys::statx_mount(st)? != self.root_mount {
+            return None;
+        }
+        self.handles.get(&InodeKey::of(st, SystemTime::now())?)
+    }
+
+    /// The handle of the object `st` describes, which `name` relative to `dirfd` named when
+    /// `st` was taken: from the handle cache if the inode was seen before. An object on
+    /// another mount (a file system or bind mount inside the export) gets `Access`: it is
+    /// not crossed, so nothing outside the export is reachable through it.
+    /// `same_object`: `dirfd` and `name` still name exactly that object (an open
+    /// descriptor), so the handle found may be cached whatever its layout.
+    fn handle_for(&self, dirfd: RawFd, name: &CStr, flags: libc::c_int, st: &libc::statx, same_object: bool) -> VfsResult<ObjectId> {
+        if sys::statx_dev(st) != self.root_dev {
             return Err(VfsError::Access);
         }
-        Ok((id, sys::attr_from_stat(&st, self.fsid), fd))
+        if let Some(id) = self.cached_handle(st) {
+            return Ok(id);
+        }
+        let key = InodeKey::of(st, SystemTime::now());
+        let (id, mount) = sys::name_to_handle(dirfd, name, flags)?;
+        if mount != self.root_mount {
+            return Err(VfsError::Access);
+        }
+        // A name may be renamed over between the `statx` and here; where the handle shows
+        // its inode number, a different one means the attributes belong to another object.
+        let verified = match sys::handle_ino(&id) {
+            Some(ino) if ino != st.stx_ino => return Err(VfsError::Stale),
+            Some(_) => true,
+            None => same_object,
+        };
+        if let (Some(key), true) = (key, verified) {
+            self.handles.insert(key, id);
+        }
+        Ok(id)
     }
 
     fn lookup_entry(&self, dir: &CachedObject, dir_attr: &Attr, name: &[u8]) -> VfsResult<(ObjectId, Attr)> {
@@ -252,6 +295,13 @@ impl LocalFs {
             return Ok((self.root_id, dir_attr.clone()));
         }
         let c = if is_dot_or_dotdot(name) { CString::new(name).expect("no NUL") } else { sys::component(name)? };
+        // An object looked up before and still open costs one `statx`, not an open.
+        let st = sys::statx(dir.path_fd.as_raw_fd(), &c, 0)?;
+        if let Some(id) = self.cached_handle(&st) {
+            if self.cache.get(&id).is_some() {
+                return Ok((id, sys::attr_from_statx(&st, self.fsid)));
+            }
+        }
         let (id, attr, fd) = self.open_entry(dir, &c)?;
         self.cache.insert(id, CachedObject::new(fd));
         Ok((id, attr))
@@ -762,12 +812,9 @@ impl LocalFs {
     /// vanished or is a mount point (the client then looks it up).
     fn entry_plus(&self, dir_fd: &OwnedFd, name: &[u8]) -> Option<(ObjectId, Attr)> {
         let c = CString::new(name).ok()?;
-        let st = sys::fstatat(dir_fd.as_raw_fd(), &c).ok()?;
-        let (id, mount) = sys::name_to_handle(dir_fd.as_raw_fd(), &c, 0).ok()?;
-        if st.st_dev != self.root_dev || mount != self.root_mount {
-            return None;
-        }
-        Some((id, sys::attr_from_stat(&st, self.fsid)))
+        let st = sys::statx(dir_fd.as_raw_fd(), &c, 0).ok()?;
+        let id = self.handle_for(dir_fd.as_raw_fd(), &c, 0, &st, false).ok()?;
+        Some((id, sys::attr_from_statx(&st, self.fsid)))
     }
 }
 
@@ -806,6 +853,85 @@ mod tests {
                 return (names, calls);
             }
         }
+    }
+
+    /// Handles and attributes of every entry but `.` and `..`, from one READDIRPLUS listing.
+    fn plus_entries(fs: &LocalFs, dir: &ObjectId) -> std::collections::HashMap<Vec<u8>, (ObjectId, Attr)> {
+        let mut out = std::collections::HashMap::new();
+        fs.readdir(&Cred::root(), dir, 0, true, &mut |e: DirEntry<'_>| {
+            if !is_dot_or_dotdot(e.name) {
+                out.insert(e.name.to_vec(), e.plus.expect("attributes"));
+            }
+            true
+        })
+        .expect("readdir");
+        out
+    }
+
+    /// Waits until inodes born so far may be kept in the handle cache.
+    fn let_births_age() {
+        std::thread::sleep(std::time::Duration::from_millis(80));
+    }
+
+    fn statx_of(path: &Path) -> libc::statx {
+        let c = CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
+        sys::statx(libc::AT_FDCWD, &c, 0).expect("statx")
+    }
+
+    #[test]
+    fn listed_handles_are_cached_by_inode_and_follow_a_name_renamed_over() {
+        let (dir, fs) = export();
+        std::fs::write(dir.path().join("a"), b"a").expect("create");
+        std::fs::write(dir.path().join("b"), b"bb").expect("create");
+        let young = plus_entries(&fs, &fs.root());
+        assert_eq!(fs.cached_handle(&statx_of(&dir.path().join("a"))), None, "an inode born this tick is not cached");
+        let_births_age();
+        let first = plus_entries(&fs, &fs.root());
+        assert_eq!(first, young);
+        for name in ["a", "b"] {
+            let (id, attr) = &first[name.as_bytes()];
+            assert_eq!(fs.cached_handle(&statx_of(&dir.path().join(name))), Some(*id), "{name} listed: its handle is cached");
+            assert_eq!(fs.lookup(&Cred::root(), &fs.root(), name.as_bytes()).expect("lookup"), (*id, attr.clone()));
+        }
+        // The name `a` now names b's inode: the listing must give b's handle for it.
+        std::fs::rename(dir.path().join("b"), dir.path().join("a")).expect("rename");
+        let second = plus_entries(&fs, &fs.root());
+        assert_eq!(second.len(), 1);
+        assert_eq!(second[&b"a"[..]].0, first[&b"b"[..]].0);
+        assert_eq!(second[&b"a"[..]].1.size, 2);
+        assert!(matches!(fs.getattr(&Cred::root(), &first[&b"a"[..]].0), Err(VfsError::Stale)));
+    }
+
+    #[test]
+    fn a_reused_inode_number_gets_its_own_handle() {
+        let (dir, fs) = export();
+        let (old, new) = (dir.path().join("old"), dir.path().join("new"));
+        // The file system hands a freed inode number to the next file, usually at once;
+        // try a few times before concluding it does not.
+        for _ in 0..20 {
+            std::fs::write(&old, b"old").expect("create");
+            let_births_age();
+            let listed_old = plus_entries(&fs, &fs.root())[&b"old"[..]].0;
+            assert!(fs.cached_handle(&statx_of(&old)).is_some());
+            let ino = statx_of(&old).stx_ino;
+            std::fs::remove_file(&old).expect("remove");
+            std::fs::write(&new, b"new!").expect("create");
+            if statx_of(&new).stx_ino != ino {
+                std::fs::remove_file(&new).expect("remove");
+                continue;
+            }
+            // Listed young and again once aged: neither listing may return the old file's
+            // handle for the file that reuses its number.
+            for _ in 0..2 {
+                let (id, attr) = plus_entries(&fs, &fs.root())[&b"new"[..]].clone();
+                assert_ne!(id, listed_old);
+                assert_eq!(fs.getattr(&Cred::root(), &id).expect("the listed handle opens the file").size, 4);
+                assert_eq!((attr.fileid, attr.size), (ino, 4));
+                let_births_age();
+            }
+            return;
+        }
+        eprintln!("skipped: this file system never reused an inode number at once, so reuse could not be provoked");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Thin, checked wrappers over the Linux syscalls the local backend needs.
 
 use crate::vfs::{Attr, FileKind, ObjectId, Timespec, VfsError, VfsResult, MAX_OBJECT_ID};
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 fn errno() -> i32 {
@@ -48,7 +48,7 @@ struct FileHandle {
 /// The kernel's persistent handle of `name` relative to `dirfd` (`""` = `dirfd` itself),
 /// packed as an [`ObjectId`]: handle type (little endian) then handle bytes; and the id of
 /// the mount it was reached through.
-pub fn name_to_handle(dirfd: RawFd, name: &CString, flags: libc::c_int) -> VfsResult<(ObjectId, i32)> {
+pub fn name_to_handle(dirfd: RawFd, name: &CStr, flags: libc::c_int) -> VfsResult<(ObjectId, i32)> {
     let mut fh = FileHandle { handle_bytes: 128, handle_type: 0, f_handle: [0; 128] };
     let mut mount_id: libc::c_int = 0;
     // SAFETY: fh is large enough for MAX_HANDLE_SZ (128) bytes as announced.
@@ -105,15 +105,41 @@ pub fn fstat(fd: RawFd) -> VfsResult<libc::stat> {
     Ok(st)
 }
 
-pub fn fstatat(dirfd: RawFd, name: &CString) -> VfsResult<libc::stat> {
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: st is a valid out pointer.
-    check(unsafe { libc::fstatat(dirfd, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) })?;
+/// What `statx` is asked for: the attributes, the birth time that tells inode
+/// incarnations apart and the mount the object was reached through.
+const STATX_WANTED: libc::c_uint = libc::STATX_BASIC_STATS | libc::STATX_BTIME | libc::STATX_MNT_ID;
+
+/// `statx` of `name` relative to `dirfd` (`""` with `AT_EMPTY_PATH`: `dirfd` itself),
+/// never following a symlink.
+pub fn statx(dirfd: RawFd, name: &CStr, flags: libc::c_int) -> VfsResult<libc::statx> {
+    // SAFETY: statx is plain data; all-zero is a valid value.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: valid C string and out pointer.
+    check(unsafe { libc::statx(dirfd, name.as_ptr(), flags | libc::AT_SYMLINK_NOFOLLOW, STATX_WANTED, &mut st) })?;
     Ok(st)
 }
 
-pub fn attr_from_stat(st: &libc::stat, fsid: u64) -> Attr {
-    let kind = match st.st_mode & libc::S_IFMT {
+/// The mount a `statx` result was reached through, if the kernel said.
+pub fn statx_mount(st: &libc::statx) -> Option<i32> {
+    (st.stx_mask & libc::STATX_MNT_ID != 0).then_some(st.stx_mnt_id as i32)
+}
+
+pub fn statx_dev(st: &libc::statx) -> u64 {
+    libc::makedev(st.stx_dev_major, st.stx_dev_minor)
+}
+
+/// The inode number inside a kernel handle, for the layout ext2/3/4 and XFS (32-bit inode
+/// numbers) use: type 1 (`FILEID_INO32_GEN`), inode number then generation. `None` for
+/// any other layout.
+pub fn handle_ino(id: &ObjectId) -> Option<u64> {
+    const FILEID_INO32_GEN: i32 = 1;
+    let raw = id.as_bytes();
+    (raw.len() == 12 && raw[..4] == FILEID_INO32_GEN.to_le_bytes())
+        .then(|| u32::from_ne_bytes(raw[4..8].try_into().expect("4 bytes")) as u64)
+}
+
+fn kind_from_mode(mode: u32) -> FileKind {
+    match mode & libc::S_IFMT {
         libc::S_IFDIR => FileKind::Directory,
         libc::S_IFLNK => FileKind::Symlink,
         libc::S_IFBLK => FileKind::BlockDevice,
@@ -121,7 +147,31 @@ pub fn attr_from_stat(st: &libc::stat, fsid: u64) -> Attr {
         libc::S_IFSOCK => FileKind::Socket,
         libc::S_IFIFO => FileKind::Fifo,
         _ => FileKind::Regular,
-    };
+    }
+}
+
+pub fn attr_from_statx(st: &libc::statx, fsid: u64) -> Attr {
+    let ts = |t: &libc::statx_timestamp| Timespec { sec: t.tv_sec, nsec: t.tv_nsec };
+    let mode = st.stx_mode as u32;
+    Attr {
+        kind: kind_from_mode(mode),
+        mode: mode & 0o7777,
+        nlink: st.stx_nlink,
+        uid: st.stx_uid,
+        gid: st.stx_gid,
+        size: st.stx_size,
+        used: st.stx_blocks * 512,
+        rdev: (st.stx_rdev_major, st.stx_rdev_minor),
+        fsid,
+        fileid: st.stx_ino,
+        atime: ts(&st.stx_atime),
+        mtime: ts(&st.stx_mtime),
+        ctime: ts(&st.stx_ctime),
+    }
+}
+
+pub fn attr_from_stat(st: &libc::stat, fsid: u64) -> Attr {
+    let kind = kind_from_mode(st.st_mode);
     let ts = |sec: i64, nsec: i64| Timespec { sec, nsec: nsec as u32 };
     Attr {
         kind,
