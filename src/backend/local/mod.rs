@@ -749,8 +749,8 @@ impl Vfs for LocalFs {
                 let (fileid, extra) = match ent.name {
                     b"." => (dattr.fileid, plus.then(|| (*dir, dattr.clone()))),
                     b".." if at_root => (dattr.fileid, plus.then(|| (self.root_id, dattr.clone()))),
-                    name => {
-                        let extra = if plus { self.entry_plus(&stream.fd, name) } else { None };
+                    _ => {
+                        let extra = if plus { ent.c_name.and_then(|c| self.entry_plus(&stream.fd, c)) } else { None };
                         (extra.as_ref().map_or(ent.ino, |(_, a)| a.fileid), extra)
                     }
                 };
@@ -810,10 +810,9 @@ impl Vfs for LocalFs {
 impl LocalFs {
     /// Handle and attributes of a directory entry for READDIRPLUS; `None` when the entry
     /// vanished or is a mount point (the client then looks it up).
-    fn entry_plus(&self, dir_fd: &OwnedFd, name: &[u8]) -> Option<(ObjectId, Attr)> {
-        let c = CString::new(name).ok()?;
-        let st = sys::statx(dir_fd.as_raw_fd(), &c, 0).ok()?;
-        let id = self.handle_for(dir_fd.as_raw_fd(), &c, 0, &st, false).ok()?;
+    fn entry_plus(&self, dir_fd: &OwnedFd, name: &CStr) -> Option<(ObjectId, Attr)> {
+        let st = sys::statx(dir_fd.as_raw_fd(), name, 0).ok()?;
+        let id = self.handle_for(dir_fd.as_raw_fd(), name, 0, &st, false).ok()?;
         Some((id, sys::attr_from_statx(&st, self.fsid)))
     }
 }

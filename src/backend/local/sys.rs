@@ -310,6 +310,8 @@ pub struct RawDirent<'a> {
     pub ino: u64,
     pub off: u64,
     pub name: &'a [u8],
+    /// The name with the terminating NUL the kernel wrote, for system calls on it.
+    pub c_name: Option<&'a CStr>,
     /// Bytes the record takes in the buffer.
     pub reclen: usize,
 }
@@ -329,7 +331,8 @@ pub fn parse_dirents(buf: &[u8]) -> impl Iterator<Item = RawDirent<'_>> {
         }
         let raw_name = &buf[pos + 19..pos + reclen];
         let name_len = raw_name.iter().position(|&b| b == 0).unwrap_or(raw_name.len());
-        let entry = RawDirent { ino, off, name: &raw_name[..name_len], reclen };
+        let c_name = raw_name.get(..=name_len).and_then(|n| CStr::from_bytes_with_nul(n).ok());
+        let entry = RawDirent { ino, off, name: &raw_name[..name_len], c_name, reclen };
         pos += reclen;
         Some(entry)
     })
