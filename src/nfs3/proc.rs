@@ -327,13 +327,22 @@ fn readdir(
     out.fixed(&COOKIE_VERIFIER);
     // Fixed overhead: RPC reply header (24) + status, attributes, verifier, list end and eof.
     let mut reply_used = 24 + 4 + 4 + FATTR3_SIZE + 8 + 8;
+    // At most this many entries fit: each takes at least a one-byte name and, with
+    // READDIRPLUS, a handle as long as the directory's (this server's handles of one export
+    // are all one length). One more is offered than fits.
+    let smallest_dir_part = 4 + 8 + 4 + 4 + 8;
+    let smallest_entry = smallest_dir_part + if plus { 4 + FATTR3_SIZE + 4 + 4 + pad4(fh.len()) } else { 0 };
+    let mut max_entries = maxcount.saturating_sub(reply_used) / smallest_entry;
+    if plus {
+        max_entries = max_entries.min(dircount.max(512) / smallest_dir_part);
+    }
     let mut dir_used = 0usize;
     let mut entries = 0usize;
     let mut too_small = false;
     let end = adm
         .rt
         .vfs
-        .readdir(&adm.cred, &adm.obj, cookie, plus, &mut |e: DirEntry<'_>| {
+        .readdir(&adm.cred, &adm.obj, cookie, plus, max_entries + 1, &mut |e: DirEntry<'_>| {
             let dir_part = 4 + 8 + 4 + pad4(e.name.len()) + 8;
             let fh = e.plus.as_ref().map(|(o, _): &(ObjectId, Attr)| state.file_handle(adm.rt, o));
             let plus_part = if plus { 4 + FATTR3_SIZE + 4 + 4 + fh.as_ref().map_or(0, |f| pad4(f.len())) } else { 0 };

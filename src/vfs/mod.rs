@@ -302,13 +302,16 @@ pub trait Vfs: Send + Sync {
     fn rename(&self, cred: &Cred, from_dir: &ObjectId, from: &[u8], to_dir: &ObjectId, to: &[u8]) -> VfsResult<(Wcc, Wcc)>;
     fn link(&self, cred: &Cred, obj: &ObjectId, dir: &ObjectId, name: &[u8]) -> VfsResult<(Attr, Wcc)>;
     /// Lists `dir` from `cookie` (0 = start), offering entries to `accept` until it
-    /// returns false (reply full) or the directory ends.
+    /// returns false (reply full) or the directory ends. `max_entries` is the caller's
+    /// estimate of how many entries it can take, for backends that prepare entries in
+    /// batches; `accept` alone decides.
     fn readdir(
         &self,
         cred: &Cred,
         dir: &ObjectId,
         cookie: u64,
         plus: bool,
+        max_entries: usize,
         accept: &mut dyn FnMut(DirEntry<'_>) -> bool,
     ) -> VfsResult<ReadDirEnd>;
     fn fsstat(&self, cred: &Cred, obj: &ObjectId) -> VfsResult<(FsStat, Attr)>;

@@ -21,7 +21,32 @@ use sync::SyncKind;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::SystemTime;
+
+/// Threads that share the `statx` calls of READDIRPLUS batches with the thread serving the
+/// call: one fewer than the cores, none on one core.
+fn listing_helpers() -> Option<&'static rayon::ThreadPool> {
+    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if cores < 2 {
+            return None;
+        }
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(cores - 1)
+            .thread_name(|i| format!("nasd-listing-{i}"))
+            .build()
+            .map_err(|e| tracing::warn!(error = %e, "no helper threads for directory listings"))
+            .ok()
+    })
+    .as_ref()
+}
+
+/// Smallest batch of listed entries fetched once a reply takes more than its caller
+/// estimated.
+const MIN_PLUS_BATCH: usize = 4;
+/// Smallest READDIRPLUS batch whose `statx` calls are shared with a second thread: below
+/// it, waking the helper costs more than it saves.
+const PARALLEL_PLUS_BATCH: usize = 8;
 
 #[derive(Debug, Clone)]
 pub struct LocalConfig {
@@ -255,7 +280,7 @@ impl LocalFs {
         if sys::statx_dev(st) != self.root_dev || sys::statx_mount(st)? != self.root_mount {
             return None;
         }
-        self.handles.get(&InodeKey::of(st, SystemTime::now())?)
+        self.handles.get(&InodeKey::of(st, sys::coarse_now())?)
     }
 
     /// The handle of the object `st` describes, which `name` relative to `dirfd` named when
@@ -271,7 +296,7 @@ impl LocalFs {
         if let Some(id) = self.cached_handle(st) {
             return Ok(id);
         }
-        let key = InodeKey::of(st, SystemTime::now());
+        let key = InodeKey::of(st, sys::coarse_now());
         let (id, mount) = sys::name_to_handle(dirfd, name, flags)?;
         if mount != self.root_mount {
             return Err(VfsError::Access);
@@ -712,6 +737,7 @@ impl Vfs for LocalFs {
         dir: &ObjectId,
         cookie: u64,
         plus: bool,
+        max_entries: usize,
         accept: &mut dyn FnMut(DirEntry<'_>) -> bool,
     ) -> VfsResult<ReadDirEnd> {
         let (dobj, dattr) = self.resolve_dir(cred, dir)?;
@@ -733,7 +759,10 @@ impl Vfs for LocalFs {
         };
         let at_root = self.is_root(&dattr);
         let mut last_cookie = None;
-        let mut reply_full = false;
+        // Entries are taken in batches of what the reply can hold, so that the `statx`
+        // calls of one batch can be shared between threads and few are made for entries
+        // the reply then has no room for.
+        let mut want = max_entries.max(1);
         loop {
             if stream.pos == stream.len {
                 let n = sys::getdents(&stream.fd, &mut stream.buf)?;
@@ -745,14 +774,16 @@ impl Vfs for LocalFs {
                     stream.buf.resize(stream.buf.len() * 2, 0);
                 }
             }
-            for ent in sys::parse_dirents(&stream.buf[stream.pos..stream.len]) {
+            let batch: Vec<sys::RawDirent<'_>> = sys::parse_dirents(&stream.buf[stream.pos..stream.len]).take(want).collect();
+            let stats = if plus { self.entries_plus(cred, &stream.fd, at_root, &batch) } else { Vec::new() };
+            let mut stats = stats.into_iter();
+            let mut reply_full = false;
+            for ent in &batch {
+                let stat = stats.next().flatten();
                 let (fileid, extra) = match ent.name {
                     b"." => (dattr.fileid, plus.then(|| (*dir, dattr.clone()))),
                     b".." if at_root => (dattr.fileid, plus.then(|| (self.root_id, dattr.clone()))),
-                    _ => {
-                        let extra = if plus { ent.c_name.and_then(|c| self.entry_plus(&stream.fd, c)) } else { None };
-                        (extra.as_ref().map_or(ent.ino, |(_, a)| a.fileid), extra)
-                    }
+                    _ => (stat.as_ref().map_or(ent.ino, |(_, a)| a.fileid), stat),
                 };
                 if !accept(DirEntry { name: ent.name, fileid, cookie: ent.off, plus: extra }) {
                     reply_full = true;
@@ -767,9 +798,13 @@ impl Vfs for LocalFs {
                 }
                 return Ok(ReadDirEnd { eof: false, dir_attr: dattr });
             }
-            // Whole buffer consumed (the kernel returns whole records; a malformed tail is
-            // skipped rather than looped on).
-            stream.pos = stream.len;
+            if batch.len() < want {
+                // Whole buffer consumed (the kernel returns whole records; a malformed tail
+                // is skipped rather than looped on).
+                stream.pos = stream.len;
+            }
+            // The caller's count is an estimate: if it takes more, go on in small batches.
+            want = want.saturating_sub(batch.len()).max(MIN_PLUS_BATCH);
         }
     }
 
@@ -815,6 +850,40 @@ impl LocalFs {
         let id = self.handle_for(dir_fd.as_raw_fd(), name, 0, &st, false).ok()?;
         Some((id, sys::attr_from_statx(&st, self.fsid)))
     }
+
+    /// Handles and attributes of a batch of listed entries (`None` for `.`, for `..` of
+    /// the export root and for entries that cannot be looked at), in order. A batch worth
+    /// it is shared with a second thread: the client waits for the whole reply, so its
+    /// `statx` calls are the reply's latency, and while one client lists, the other core
+    /// is otherwise idle.
+    fn entries_plus(&self, cred: &Cred, dir_fd: &OwnedFd, at_root: bool, batch: &[sys::RawDirent<'_>]) -> Vec<Option<(ObjectId, Attr)>> {
+        let one = |ent: &sys::RawDirent<'_>| {
+            // The listing answers these from the directory's own attributes.
+            let from_dir = ent.name == b"." || (ent.name == b".." && at_root);
+            ent.c_name.filter(|_| !from_dir).and_then(|c| self.entry_plus(dir_fd, c))
+        };
+        let Some(helpers) = listing_helpers().filter(|_| batch.len() >= PARALLEL_PLUS_BATCH) else {
+            return batch.iter().map(one).collect();
+        };
+        // Both threads take the next entry until none is left, so a helper that starts late
+        // just does less of the batch.
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let results: Vec<std::sync::OnceLock<Option<(ObjectId, Attr)>>> = batch.iter().map(|_| std::sync::OnceLock::new()).collect();
+        let work = || loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(ent) = batch.get(i) else { break };
+            let _ = results[i].set(one(ent));
+        };
+        helpers.in_place_scope(|scope| {
+            scope.spawn(|_| {
+                // The helper must see the directory as the caller would.
+                creds::become_user(cred);
+                work();
+            });
+            work();
+        });
+        results.into_iter().map(|r| r.into_inner().flatten()).collect()
+    }
 }
 
 #[cfg(test)]
@@ -835,7 +904,7 @@ mod tests {
         loop {
             let mut taken = 0;
             let end = fs
-                .readdir(cred, dir, cookie, true, &mut |e: DirEntry<'_>| {
+                .readdir(cred, dir, cookie, true, per_call + 1, &mut |e: DirEntry<'_>| {
                     if taken == per_call {
                         return false;
                     }
@@ -857,7 +926,7 @@ mod tests {
     /// Handles and attributes of every entry but `.` and `..`, from one READDIRPLUS listing.
     fn plus_entries(fs: &LocalFs, dir: &ObjectId) -> std::collections::HashMap<Vec<u8>, (ObjectId, Attr)> {
         let mut out = std::collections::HashMap::new();
-        fs.readdir(&Cred::root(), dir, 0, true, &mut |e: DirEntry<'_>| {
+        fs.readdir(&Cred::root(), dir, 0, true, usize::MAX, &mut |e: DirEntry<'_>| {
             if !is_dot_or_dotdot(e.name) {
                 out.insert(e.name.to_vec(), e.plus.expect("attributes"));
             }
@@ -964,7 +1033,7 @@ mod tests {
         let root = fs.root();
         let mut cookie = 0;
         let mut n = 0;
-        fs.readdir(&Cred::root(), &root, 0, false, &mut |e: DirEntry<'_>| {
+        fs.readdir(&Cred::root(), &root, 0, false, usize::MAX, &mut |e: DirEntry<'_>| {
             n += 1;
             if n > 10 {
                 return false;
@@ -976,5 +1045,78 @@ mod tests {
         let other = Cred { uid: 1000, gid: 1000, groups: vec![] };
         assert!(fs.dir_streams.take(&root, cookie, &other).is_none());
         assert!(fs.dir_streams.take(&root, cookie, &Cred::root()).is_some());
+    }
+
+    #[test]
+    fn batched_listing_gives_each_entry_its_own_attributes_and_handle() {
+        let (dir, fs) = export();
+        for i in 0..300usize {
+            std::fs::write(dir.path().join(format!("f{i:03}")), vec![0u8; i]).expect("create");
+        }
+        let root = fs.root();
+        // Whole-directory batches and reply-sized ones (with the count estimate one short,
+        // so the listing also goes on past an estimate).
+        for (per_call, estimate) in [(usize::MAX, usize::MAX), (37, 38), (37, 36)] {
+            let (mut seen, mut cookie) = (0, 0u64);
+            loop {
+                let mut taken = 0;
+                let end = fs
+                    .readdir(&Cred::root(), &root, cookie, true, estimate, &mut |e: DirEntry<'_>| {
+                        if taken == per_call {
+                            return false;
+                        }
+                        taken += 1;
+                        cookie = e.cookie;
+                        if is_dot_or_dotdot(e.name) {
+                            return true;
+                        }
+                        let name = std::str::from_utf8(e.name).expect("utf-8");
+                        let (id, attr) = e.plus.expect("attributes");
+                        let i: u64 = name[1..].parse().expect("index");
+                        assert_eq!(attr.size, i, "{name}: another entry's attributes");
+                        assert_eq!(attr.fileid, std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(dir.path().join(name)).expect("stat")));
+                        assert_eq!(fs.lookup(&Cred::root(), &root, e.name).expect("lookup").0, id, "{name}: another entry's handle");
+                        seen += 1;
+                        true
+                    })
+                    .expect("readdir");
+                if end.eof {
+                    break;
+                }
+            }
+            assert_eq!(seen, 300);
+        }
+    }
+
+    #[test]
+    fn batched_listing_looks_at_entries_as_the_caller() {
+        if !creds::init() {
+            eprintln!("skipped: switching identities needs root");
+            return;
+        }
+        let (dir, fs) = export();
+        // Others may read the directory but not search it: they see names, and no
+        // attributes, as a local `ls -l` by them would.
+        let shared = dir.path().join("shared");
+        std::fs::create_dir(&shared).expect("mkdir");
+        for i in 0..400 {
+            std::fs::write(shared.join(format!("f{i:03}")), b"x").expect("create");
+        }
+        std::fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(0o744)).expect("chmod");
+        let (sid, _) = fs.lookup(&Cred::root(), &fs.root(), b"shared").expect("lookup");
+        let other = Cred { uid: 4321, gid: 4321, groups: vec![] };
+        for cred in [other, Cred::root()] {
+            let (mut names, mut with_attrs) = (0, 0);
+            fs.readdir(&cred, &sid, 0, true, usize::MAX, &mut |e: DirEntry<'_>| {
+                if !is_dot_or_dotdot(e.name) {
+                    names += 1;
+                    with_attrs += usize::from(e.plus.is_some());
+                }
+                true
+            })
+            .expect("readdir");
+            let expected = if cred.uid == 0 { 400 } else { 0 };
+            assert_eq!((names, with_attrs), (400, expected), "uid {}", cred.uid);
+        }
     }
 }

@@ -439,3 +439,13 @@ pub fn in_page_cache(fd: &OwnedFd, offset: u64, len: usize) -> Option<bool> {
     let r = unsafe { libc::syscall(SYS_CACHESTAT, fd.as_raw_fd(), &range as *const Range, &mut stat as *mut Stat, 0) };
     (r == 0).then_some(stat.nr_cache >= last - first + 1)
 }
+
+/// The wall clock as of its last tick: at most a few milliseconds behind, and cheaper to
+/// read than the precise clock (which a virtual machine may only offer through a system
+/// call). For checks that stay correct with a clock that lags.
+pub fn coarse_now() -> std::time::SystemTime {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid pointer to a timespec; CLOCK_REALTIME_COARSE exists on every Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
+    std::time::UNIX_EPOCH + std::time::Duration::new(ts.tv_sec.max(0) as u64, ts.tv_nsec as u32)
+}
