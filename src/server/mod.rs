@@ -104,7 +104,7 @@ impl Server {
             })
             .map_err(|e| UsageError(format!("{e:#}")))?;
             tracing::info!(path = %export.path.display(), id = export.id, sync, "exporting");
-            exports.push(ExportRuntime { export, vfs: Arc::new(vfs) });
+            exports.push(ExportRuntime { export, vfs });
         }
         let mut metrics = Metrics::new();
         metrics.register(crate::nfs3::xdr::PROGRAM, "nfs3", &crate::nfs3::xdr::proc::NAMES);

@@ -11,21 +11,122 @@
 //! same result; a stream of a directory removed meanwhile reads as empty until evicted.
 //! What the listing shows of entries created or removed meanwhile is what
 //! `getdents` on an open directory shows, which is also what reopening gives.
+//!
+//! The `statx` calls of READDIRPLUS entries are made in batches ([`StatBatch`]) that
+//! several threads share. A parked stream may carry the batch its next call will need,
+//! started by a helper thread while the client reads the reply just sent; the next call
+//! uses it only if nothing can have changed since it began (see `LocalFs::readdir`).
 
-use crate::vfs::{Cred, ObjectId};
+use crate::vfs::{Attr, Cred, ObjectId, Timespec};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
+use std::ffi::CStr;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 /// Streams kept at most; the oldest goes first (one per listing in progress).
 const CAPACITY: usize = 16;
 
 pub struct DirStream {
-    pub fd: OwnedFd,
+    /// Shared with helper threads looking at its entries.
+    pub fd: Arc<OwnedFd>,
     /// `getdents64` buffer; `buf[pos..len]` holds entries read but not yet returned.
     pub buf: Vec<u8>,
     pub pos: usize,
     pub len: usize,
+    /// The batch of entries from `pos` on, looked at ahead of the call that continues here.
+    pub ahead: Option<Arc<StatBatch>>,
+}
+
+/// Handle and attributes of a listed entry, when they could be had.
+pub type EntryStat = Option<(ObjectId, Attr)>;
+
+/// The `statx` calls for a batch of listed entries, shared by whichever threads take
+/// part: each takes the next entry until none is left, so a thread that comes late does
+/// less, and the one that needs the results waits only for entries already taken.
+pub struct StatBatch {
+    /// The names to look at, NUL-terminated and back to back, and where each one is in
+    /// listing order (`None`: answered without a `statx`).
+    names: Vec<u8>,
+    spans: Vec<Option<(usize, usize)>>,
+    next: AtomicUsize,
+    finished: AtomicUsize,
+    results: Vec<OnceLock<EntryStat>>,
+    /// When the first `statx` could have begun, and what could have changed since.
+    pub begun: Instant,
+    /// The backend's count of finished modifying calls when the batch was made.
+    pub modifications: u64,
+    /// The directory's change and modification times when the batch was made.
+    pub dir_times: (Timespec, Timespec),
+}
+
+impl StatBatch {
+    pub fn new<'a>(names: impl Iterator<Item = Option<&'a CStr>>, modifications: u64, dir_times: (Timespec, Timespec)) -> Arc<Self> {
+        let mut buf = Vec::new();
+        let spans: Vec<Option<(usize, usize)>> = names
+            .map(|n| {
+                n.map(|n| {
+                    let start = buf.len();
+                    buf.extend_from_slice(n.to_bytes_with_nul());
+                    (start, buf.len())
+                })
+            })
+            .collect();
+        Arc::new(Self {
+            results: spans.iter().map(|_| OnceLock::new()).collect(),
+            names: buf,
+            spans,
+            next: AtomicUsize::new(0),
+            finished: AtomicUsize::new(0),
+            begun: Instant::now(),
+            modifications,
+            dir_times,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    pub fn name(&self, i: usize) -> Option<&CStr> {
+        let (start, end) = (*self.spans.get(i)?)?;
+        CStr::from_bytes_with_nul(&self.names[start..end]).ok()
+    }
+
+    /// Takes entries until none is left.
+    pub fn work(&self, stat: impl Fn(&CStr) -> EntryStat) {
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            if i >= self.spans.len() {
+                return;
+            }
+            let _ = self.results[i].set(self.name(i).and_then(&stat));
+            self.finished.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// Works on the batch, then waits for entries other threads took; the results in order.
+    pub fn join(&self, stat: impl Fn(&CStr) -> EntryStat) -> Vec<EntryStat> {
+        self.work(stat);
+        let mut spins = 0u32;
+        while self.finished.load(Ordering::Acquire) < self.spans.len() {
+            // Another thread is inside one `statx`: microseconds.
+            spins += 1;
+            if spins < 100 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        self.results.iter().map(|r| r.get().cloned().flatten()).collect()
+    }
+
+    /// Leaves whatever is not taken yet undone: the results will not be used.
+    pub fn abandon(&self) {
+        self.next.fetch_max(self.spans.len(), Ordering::Relaxed);
+    }
 }
 
 struct Parked {
