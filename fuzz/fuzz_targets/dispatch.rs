@@ -8,7 +8,7 @@
 //! verification into the procedures.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use nasd::backend::local::{creds, LocalConfig, LocalFs};
+use nasd::backend::local::{creds, ChangeCount, LocalConfig, LocalFs};
 use nasd::exports::parse_exports;
 use nasd::fh::HandleKey;
 use nasd::metrics::Metrics;
@@ -57,9 +57,9 @@ fn world() -> &'static World {
         let metrics = Arc::new(metrics);
         let mut exports = Vec::new();
         for export in table.exports {
-            let vfs = LocalFs::open(&LocalConfig { path: export.path.clone(), fsid: export.id as u64, sync: false, cache_capacity: 64 })
+            let vfs = LocalFs::open(&LocalConfig { path: export.path.clone(), fsid: export.id as u64, sync: false, cache_capacity: 64, changes: ChangeCount::default() })
                 .expect("open export");
-            exports.push(ExportRuntime { export, vfs: Arc::new(vfs) });
+            exports.push(ExportRuntime { export, vfs });
         }
         let state = Arc::new(ServerState::new(exports, HandleKey::from_bytes([7; 32]), metrics.clone()));
         let rt = &state.exports[0];

@@ -10,7 +10,7 @@ mod udp;
 use busy_poll::BusyPoll;
 pub use config::{Config, Limits};
 
-use crate::backend::local::{creds, LocalConfig, LocalFs};
+use crate::backend::local::{creds, ChangeCount, LocalConfig, LocalFs};
 use crate::exports::ExportTable;
 use crate::fh::HandleKey;
 use crate::metrics::Metrics;
@@ -89,6 +89,7 @@ impl Server {
         let key = HandleKey::load_or_create(&state_dir)
             .with_context(|| format!("state directory {} (set --state-dir)", state_dir.display()))?;
         let mut exports = Vec::new();
+        let changes = ChangeCount::default();
         for export in table.exports {
             if !export.path.is_dir() {
                 return Err(UsageError(format!("export {} is not a directory", export.path.display())).into());
@@ -101,6 +102,7 @@ impl Server {
                 fsid: export.id as u64,
                 sync,
                 cache_capacity: config.limits.open_objects,
+                changes: changes.clone(),
             })
             .map_err(|e| UsageError(format!("{e:#}")))?;
             tracing::info!(path = %export.path.display(), id = export.id, sync, "exporting");

@@ -57,6 +57,28 @@ pub struct LocalConfig {
     pub sync: bool,
     /// Open objects kept in the cache.
     pub cache_capacity: usize,
+    /// Shared by exports that may share files (all of a server's exports: they may nest).
+    pub changes: ChangeCount,
+}
+
+/// Modifying calls finished so far: work done ahead of a call (entries of a listing
+/// looked at before it was asked for) is used only if this has not moved meanwhile.
+#[derive(Debug, Clone, Default)]
+pub struct ChangeCount(Arc<AtomicU64>);
+
+impl ChangeCount {
+    fn now(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// Counts a modifying call as finished when dropped, on every return path.
+struct Modifying<'a>(&'a ChangeCount);
+
+impl Drop for Modifying<'_> {
+    fn drop(&mut self) {
+        (self.0).0.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 pub struct LocalFs {
@@ -78,20 +100,9 @@ pub struct LocalFs {
     /// The file system refused `RWF_NOWAIT` for a buffered write: stop asking.
     no_nowait_writes: AtomicBool,
     max_file_size: u64,
-    /// Modifying calls finished so far: work done ahead of a call (entries of a listing
-    /// looked at before it was asked for) is used only if this has not moved meanwhile.
-    modifications: AtomicU64,
+    changes: ChangeCount,
     /// This backend, for work handed to helper threads.
     me: Weak<LocalFs>,
-}
-
-/// Counts a modifying call as finished when dropped, on every return path.
-struct Modifying<'a>(&'a AtomicU64);
-
-impl Drop for Modifying<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
 }
 
 /// How long entries looked at ahead of a listing call stay usable. The call normally
@@ -180,13 +191,13 @@ impl LocalFs {
             dir_streams: DirStreams::default(),
             no_nowait_writes: AtomicBool::new(false),
             max_file_size,
-            modifications: AtomicU64::new(0),
+            changes: cfg.changes.clone(),
             me: me.clone(),
         }))
     }
 
     fn modifying(&self) -> Modifying<'_> {
-        Modifying(&self.modifications)
+        Modifying(&self.changes)
     }
 
     pub fn path_is_dir(path: &Path) -> bool {
@@ -798,7 +809,7 @@ impl Vfs for LocalFs {
         // no modifying call finished here, the directory's times are the same (programs
         // other than this server changing its entries), and they are recent.
         let mut ahead = stream.ahead.take().filter(|batch| {
-            let fresh = batch.modifications == self.modifications.load(Ordering::SeqCst)
+            let fresh = batch.modifications == self.changes.now()
                 && batch.dir_times == dir_times
                 && batch.begun.elapsed() <= LOOK_AHEAD_MAX_AGE;
             if !fresh {
@@ -948,7 +959,7 @@ impl LocalFs {
             return None;
         }
         // Counted before the first `statx`: a change that finishes after it is noticed.
-        let modifications = self.modifications.load(Ordering::SeqCst);
+        let modifications = self.changes.now();
         let batch = StatBatch::new(next.iter().map(|e| Self::name_to_stat(e, at_root)), modifications, dir_times);
         self.share(cred, &stream.fd, &batch);
         Some(batch)
@@ -973,7 +984,7 @@ mod tests {
 
     fn export() -> (tempfile::TempDir, Arc<LocalFs>) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let fs = LocalFs::open(&LocalConfig { path: dir.path().to_path_buf(), fsid: 1, sync: false, cache_capacity: 64 }).expect("open export");
+        let fs = LocalFs::open(&LocalConfig { path: dir.path().to_path_buf(), fsid: 1, sync: false, cache_capacity: 64, changes: ChangeCount::default() }).expect("open export");
         (dir, fs)
     }
 
