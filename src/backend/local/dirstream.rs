@@ -95,14 +95,19 @@ impl StatBatch {
         CStr::from_bytes_with_nul(&self.names[start..end]).ok()
     }
 
-    /// Takes entries until none is left.
+    /// Takes entries until none is left. An entry whose look panics counts as done
+    /// without attributes, so that no thread waits for it forever.
     pub fn work(&self, stat: impl Fn(&CStr) -> EntryStat) {
         loop {
             let i = self.next.fetch_add(1, Ordering::Relaxed);
             if i >= self.spans.len() {
                 return;
             }
-            let _ = self.results[i].set(self.name(i).and_then(&stat));
+            let looked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.name(i).and_then(&stat)));
+            let _ = self.results[i].set(looked.unwrap_or_else(|_| {
+                tracing::error!("looking at a listed entry panicked; listed without attributes");
+                None
+            }));
             self.finished.fetch_add(1, Ordering::Release);
         }
     }
@@ -167,5 +172,77 @@ impl DirStreams {
     #[cfg(test)]
     pub fn take_any(&self) -> Option<DirStream> {
         self.parked.lock().pop_front().map(|p| p.stream)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vfs::FileKind;
+    use std::ffi::CString;
+
+    /// A stand-in for a `statx`: the entry's number (its name) as its size.
+    fn stat_of(name: &CStr) -> EntryStat {
+        let n: u64 = name.to_str().ok()?.strip_prefix('e')?.parse().ok()?;
+        let t = Timespec::default();
+        let attr = Attr { kind: FileKind::Regular, mode: 0o644, nlink: 1, uid: 0, gid: 0, size: n, used: 0, rdev: (0, 0), fsid: 1, fileid: n, atime: t, mtime: t, ctime: t };
+        Some((ObjectId::new(&n.to_le_bytes())?, attr))
+    }
+
+    fn names(n: usize) -> Vec<Option<CString>> {
+        // Every seventh entry is answered without a look (like `.`).
+        (0..n).map(|i| (i % 7 != 3).then(|| CString::new(format!("e{i}")).expect("no NUL"))).collect()
+    }
+
+    fn batch(names: &[Option<CString>]) -> Arc<StatBatch> {
+        StatBatch::new(names.iter().map(|n| n.as_deref()), 0, Default::default())
+    }
+
+    fn check(results: &[EntryStat], n: usize) {
+        assert_eq!(results.len(), n);
+        for (i, r) in results.iter().enumerate() {
+            match r {
+                None => assert_eq!(i % 7, 3, "entry {i} lost its result"),
+                Some((_, a)) => assert_eq!(a.size, i as u64, "entry {i} got another entry's result"),
+            }
+        }
+    }
+
+    #[test]
+    fn threads_sharing_a_batch_give_every_entry_its_own_result_in_order() {
+        for n in [0, 1, 8, 49, 500] {
+            let names = names(n);
+            let b = batch(&names);
+            let helpers: Vec<_> = (0..2)
+                .map(|_| {
+                    let b = b.clone();
+                    std::thread::spawn(move || b.work(stat_of))
+                })
+                .collect();
+            check(&b.join(stat_of), n);
+            helpers.into_iter().for_each(|h| h.join().expect("helper"));
+        }
+    }
+
+    #[test]
+    fn a_panicking_look_is_an_entry_without_attributes_not_a_hang() {
+        let names = names(40);
+        let b = batch(&names);
+        let helper = {
+            let b = b.clone();
+            std::thread::spawn(move || b.work(|c| if c.to_bytes() == b"e20" { panic!("injected") } else { stat_of(c) }))
+        };
+        helper.join().expect("the panic stays inside the batch");
+        let results = b.join(stat_of);
+        assert!(results[20].is_none());
+        assert_eq!(results[21].as_ref().map(|(_, a)| a.size), Some(21));
+    }
+
+    #[test]
+    fn an_abandoned_batch_is_left_undone() {
+        let names = names(40);
+        let b = batch(&names);
+        b.abandon();
+        b.work(|_| panic!("an abandoned batch looked at an entry"));
     }
 }
