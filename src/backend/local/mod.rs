@@ -807,9 +807,11 @@ impl Vfs for LocalFs {
         let dir_times = (dattr.ctime, dattr.mtime);
         // Entries looked at ahead are used only if nothing can have changed them since:
         // no modifying call finished here, the directory's times are the same (programs
-        // other than this server changing its entries), and they are recent.
+        // other than this server changing its entries), and they are recent. A READDIR
+        // continuing a READDIRPLUS listing has no use for them: the helper may stop.
         let mut ahead = stream.ahead.take().filter(|batch| {
-            let fresh = batch.modifications == self.changes.now()
+            let fresh = plus
+                && batch.modifications == self.changes.now()
                 && batch.dir_times == dir_times
                 && batch.begun.elapsed() <= LOOK_AHEAD_MAX_AGE;
             if !fresh {
