@@ -37,7 +37,19 @@ pub struct DirStream {
     pub pos: usize,
     pub len: usize,
     /// The batch of entries from `pos` on, looked at ahead of the call that continues here.
-    pub ahead: Option<Arc<StatBatch>>,
+    pub ahead: Option<LookAhead>,
+}
+
+/// A batch started before the call that needs it, with what tells whether it may still
+/// be used.
+pub struct LookAhead {
+    pub batch: Arc<StatBatch>,
+    /// Before the first `statx` could have begun.
+    pub begun: Instant,
+    /// The backend's count of finished modifying calls when the batch was made.
+    pub modifications: u64,
+    /// The directory's change and modification times when the batch was made.
+    pub dir_times: (Timespec, Timespec),
 }
 
 /// Handle and attributes of a listed entry, when they could be had.
@@ -54,16 +66,10 @@ pub struct StatBatch {
     next: AtomicUsize,
     finished: AtomicUsize,
     results: Vec<OnceLock<EntryStat>>,
-    /// When the first `statx` could have begun, and what could have changed since.
-    pub begun: Instant,
-    /// The backend's count of finished modifying calls when the batch was made.
-    pub modifications: u64,
-    /// The directory's change and modification times when the batch was made.
-    pub dir_times: (Timespec, Timespec),
 }
 
 impl StatBatch {
-    pub fn new<'a>(names: impl Iterator<Item = Option<&'a CStr>>, modifications: u64, dir_times: (Timespec, Timespec)) -> Arc<Self> {
+    pub fn new<'a>(names: impl Iterator<Item = Option<&'a CStr>>) -> Arc<Self> {
         let mut buf = Vec::new();
         let spans: Vec<Option<(usize, usize)>> = names
             .map(|n| {
@@ -80,9 +86,6 @@ impl StatBatch {
             spans,
             next: AtomicUsize::new(0),
             finished: AtomicUsize::new(0),
-            begun: Instant::now(),
-            modifications,
-            dir_times,
         })
     }
 
@@ -195,7 +198,7 @@ mod tests {
     }
 
     fn batch(names: &[Option<CString>]) -> Arc<StatBatch> {
-        StatBatch::new(names.iter().map(|n| n.as_deref()), 0, Default::default())
+        StatBatch::new(names.iter().map(|n| n.as_deref()))
     }
 
     fn check(results: &[EntryStat], n: usize) {
@@ -243,6 +246,11 @@ mod tests {
         let names = names(40);
         let b = batch(&names);
         b.abandon();
-        b.work(|_| panic!("an abandoned batch looked at an entry"));
+        let looked = AtomicUsize::new(0);
+        b.work(|_| {
+            looked.fetch_add(1, Ordering::Relaxed);
+            None
+        });
+        assert_eq!(looked.load(Ordering::Relaxed), 0, "an abandoned batch looked at entries");
     }
 }

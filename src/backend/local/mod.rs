@@ -14,7 +14,7 @@ mod sys;
 
 use crate::vfs::*;
 use cache::{CachedObject, HandleCache, InodeKey, ObjectCache};
-use dirstream::{DirStream, DirStreams, EntryStat, StatBatch};
+use dirstream::{DirStream, DirStreams, EntryStat, LookAhead, StatBatch};
 use std::ffi::{CStr, CString};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use sync::SyncKind;
@@ -809,15 +809,15 @@ impl Vfs for LocalFs {
         // no modifying call finished here, the directory's times are the same (programs
         // other than this server changing its entries), and they are recent. A READDIR
         // continuing a READDIRPLUS listing has no use for them: the helper may stop.
-        let mut ahead = stream.ahead.take().filter(|batch| {
+        let mut ahead = stream.ahead.take().and_then(|a| {
             let fresh = plus
-                && batch.modifications == self.changes.now()
-                && batch.dir_times == dir_times
-                && batch.begun.elapsed() <= LOOK_AHEAD_MAX_AGE;
+                && a.modifications == self.changes.now()
+                && a.dir_times == dir_times
+                && a.begun.elapsed() <= LOOK_AHEAD_MAX_AGE;
             if !fresh {
-                batch.abandon();
+                a.batch.abandon();
             }
-            fresh
+            fresh.then_some(a.batch)
         });
         let mut last_cookie = None;
         // Entries are taken in batches of what the reply can hold, so that the `statx`
@@ -943,7 +943,7 @@ impl LocalFs {
         if rest.is_empty() {
             return stats;
         }
-        let now = StatBatch::new(rest.iter().map(|e| Self::name_to_stat(e, at_root)), 0, Default::default());
+        let now = StatBatch::new(rest.iter().map(|e| Self::name_to_stat(e, at_root)));
         if rest.len() >= PARALLEL_PLUS_BATCH {
             self.share(cred, fd, &now);
         }
@@ -954,17 +954,17 @@ impl LocalFs {
     /// Starts looking at the entries the call continuing `stream` will most likely list
     /// (the next `count` in its buffer), on a helper thread, while the client reads the
     /// reply just made.
-    fn look_ahead(&self, cred: &Cred, stream: &DirStream, at_root: bool, count: usize, dir_times: (Timespec, Timespec)) -> Option<Arc<StatBatch>> {
+    fn look_ahead(&self, cred: &Cred, stream: &DirStream, at_root: bool, count: usize, dir_times: (Timespec, Timespec)) -> Option<LookAhead> {
         listing_helpers()?;
         let next: Vec<sys::RawDirent<'_>> = sys::parse_dirents(&stream.buf[stream.pos..stream.len]).take(count).collect();
         if next.len() < PARALLEL_PLUS_BATCH {
             return None;
         }
         // Counted before the first `statx`: a change that finishes after it is noticed.
-        let modifications = self.changes.now();
-        let batch = StatBatch::new(next.iter().map(|e| Self::name_to_stat(e, at_root)), modifications, dir_times);
+        let (begun, modifications) = (std::time::Instant::now(), self.changes.now());
+        let batch = StatBatch::new(next.iter().map(|e| Self::name_to_stat(e, at_root)));
         self.share(cred, &stream.fd, &batch);
-        Some(batch)
+        Some(LookAhead { batch, begun, modifications, dir_times })
     }
 
     /// Has a helper thread work on `batch` too, as `cred`.
