@@ -78,10 +78,20 @@ impl RecordPool {
     }
 }
 
+/// A stream records are read from, which may be told how much a read is waiting for.
+pub trait RecordSource: AsyncRead + Unpin {
+    /// The next read is for the rest of a record fragment, `bytes` long: it cannot finish
+    /// the record before they have all arrived, so a transport may wait for them rather
+    /// than wake its reader for each piece. Applies until a read returns data.
+    fn expect(&mut self, _bytes: usize) {}
+}
+
+impl RecordSource for &[u8] {}
+
 /// Reads one whole record into `buf` (cleared first). Returns `Ok(false)` on a clean end
 /// of stream between records. Small records come out of the reader's buffer (many per
 /// `read` syscall); the rest of a large one is read straight from the stream into `buf`.
-pub async fn read_record<R: AsyncRead + Unpin>(
+pub async fn read_record<R: RecordSource>(
     r: &mut BufReader<R>,
     limits: &RecordLimits,
     buf: &mut Vec<u8>,
@@ -124,6 +134,7 @@ pub async fn read_record<R: AsyncRead + Unpin>(
                 buf.reserve_exact(buf.capacity().max(READ_CHUNK).min(want));
             }
             let step = want.min(buf.capacity() - buf.len());
+            r.get_mut().expect(want);
             if r.get_mut().take(step as u64).read_buf(buf).await? == 0 {
                 return Err(RecordError::Truncated);
             }

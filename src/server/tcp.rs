@@ -16,19 +16,19 @@
 
 use super::Shared;
 use crate::rpc::dispatch::Handled;
-use crate::rpc::record::read_record;
+use crate::rpc::record::{read_record, RecordSource};
 use crate::rpc::{Reply, Transport};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncBufReadExt, BufReader, Interest};
-use tokio::net::tcp::OwnedWriteHalf;
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader, Interest, ReadBuf};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
@@ -36,6 +36,80 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 const BATCH_BYTES: usize = 256 * 1024;
 /// Most replies handed to one `writev`.
 const MAX_IOVECS: usize = 128;
+
+/// The rest of a record at least this long is awaited with a raised low-water mark.
+const MIN_LOW_WATER: usize = 64 * 1024;
+/// The highest low-water mark set (the kernel caps it at half the largest receive buffer).
+const MAX_LOW_WATER: usize = 1024 * 1024;
+
+/// The read half of a connection. While the rest of a large record is on its way (a
+/// 1 MiB WRITE arrives as sixteen 64 KiB loopback segments), the socket's receive
+/// low-water mark (`SO_RCVLOWAT`) is raised to what is still missing, so the kernel wakes
+/// the connection once, when the record is complete, instead of once per segment. The
+/// client's sending thread pays for those wake-ups (on loopback the receive path runs in
+/// the sender's context), as do our reads and the window updates each read sends back.
+/// The mark never exceeds what the client must still send, and it is back at 1 before
+/// any wait for a new record, so no wait can outlast the client's data.
+struct RecordStream {
+    inner: OwnedReadHalf,
+    /// Bytes the current read is waiting for (0: any).
+    expected: usize,
+    /// The socket's current low-water mark.
+    low_water: usize,
+    /// Reads that had to wait for data.
+    waits: u64,
+}
+
+impl RecordStream {
+    fn new(inner: OwnedReadHalf) -> Self {
+        Self { inner, expected: 0, low_water: 1, waits: 0 }
+    }
+
+    fn set_low_water(&mut self, bytes: usize) {
+        let value = bytes as libc::c_int;
+        // SAFETY: setsockopt with a valid int option on a socket we own.
+        let rc = unsafe {
+            libc::setsockopt(
+                self.inner.as_ref().as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVLOWAT,
+                (&value as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        // On failure the mark stays where it was; remember 1 only if that is where it is.
+        if rc == 0 {
+            self.low_water = bytes;
+        } else {
+            tracing::debug!(error = %std::io::Error::last_os_error(), "SO_RCVLOWAT");
+        }
+    }
+}
+
+impl AsyncRead for RecordStream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if polled.is_ready() {
+            this.expected = 0;
+            return polled;
+        }
+        this.waits += 1;
+        // About to wait. Setting the mark also wakes us if enough data is already queued
+        // (the kernel re-checks readiness), so no data that came meanwhile is missed.
+        let mark = if this.expected >= MIN_LOW_WATER { this.expected.min(MAX_LOW_WATER) } else { 1 };
+        if mark != this.low_water {
+            this.set_low_water(mark);
+        }
+        Poll::Pending
+    }
+}
+
+impl RecordSource for RecordStream {
+    fn expect(&mut self, bytes: usize) {
+        self.expected = bytes;
+    }
+}
 
 /// A reply on its way out, holding the request slots it used until it is written.
 struct Outgoing {
@@ -350,7 +424,7 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
     let local = stream.local_addr()?;
     tracing::debug!(client = %peer, "connection opened");
     let (rd, wr) = stream.into_split();
-    let mut rd = BufReader::with_capacity(128 * 1024, rd);
+    let mut rd = BufReader::with_capacity(128 * 1024, RecordStream::new(rd));
     let sink = Arc::new(ReplySink::new(wr));
     let write_timeout = Duration::from_secs(shared.limits.write_timeout_secs);
     let mut writer = tokio::spawn(drain_replies(sink.clone(), write_timeout, peer));
@@ -373,7 +447,7 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
         let wait_started = rd.buffer().is_empty().then(|| {
             batch.flush();
             let started = Instant::now();
-            shared.busy_poll.poll_readable(rd.get_ref().as_ref().as_raw_fd(), last_wait);
+            shared.busy_poll.poll_readable(rd.get_ref().inner.as_ref().as_raw_fd(), last_wait);
             started
         });
         let waited = batch
@@ -515,6 +589,56 @@ mod tests {
         let mut v = file_data[file_offset(id)..file_offset(id) + len].to_vec();
         v.resize(crate::xdr::pad4(len), 0);
         v
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_large_record_wakes_its_reader_once_and_a_small_one_after_it_is_not_held_back() {
+        use crate::rpc::record::RecordLimits;
+        use std::io::Write;
+        use tokio::io::AsyncWriteExt;
+        const BIG: usize = 1 << 20;
+        const PIECE: usize = 32 * 1024;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let big: Vec<u8> = (0..BIG).map(|i| (i % 251) as u8).collect();
+        let sent = big.clone();
+        let client = std::thread::spawn(move || {
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            s.set_nodelay(true).unwrap();
+            s.write_all(&(0x8000_0000u32 | BIG as u32).to_be_bytes()).unwrap();
+            // Trickled: a reader woken for every piece would wake 32 times.
+            for piece in sent.chunks(PIECE) {
+                s.write_all(piece).unwrap();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // Then a small record, only once the server has the large one: it then waits
+            // for the small one with whatever mark the large one left behind.
+            let mut ack = [0u8; 1];
+            s.read_exact(&mut ack).unwrap();
+            s.write_all(&(0x8000_0000u32 | 5).to_be_bytes()).unwrap();
+            s.write_all(b"small").unwrap();
+            s.read_exact(&mut ack).unwrap();
+        });
+        let (stream, _) = listener.accept().await.unwrap();
+        let (rd, mut wr) = stream.into_split();
+        let mut rd = BufReader::with_capacity(128 * 1024, RecordStream::new(rd));
+        let limits = RecordLimits::default();
+        let mut record = Vec::new();
+        let large = tokio::time::timeout(Duration::from_secs(10), read_record(&mut rd, &limits, &mut record))
+            .await
+            .expect("the large record was held back by a low-water mark above what was still to come");
+        assert!(large.unwrap());
+        assert!(record == big, "the large record arrived damaged");
+        let waits = rd.get_ref().waits;
+        assert!(waits <= 4, "the reader waited {waits} times for one record sent in {} pieces", BIG / PIECE);
+        wr.write_all(b"1").await.unwrap();
+        let small = tokio::time::timeout(Duration::from_secs(10), read_record(&mut rd, &limits, &mut record))
+            .await
+            .expect("a small record after a large one was held back by the large one's low-water mark");
+        assert!(small.unwrap());
+        assert_eq!(record, b"small");
+        wr.write_all(b"2").await.unwrap();
+        client.join().unwrap();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
