@@ -94,10 +94,11 @@ pub struct Measurement {
     pub cpu: Option<cpu::CpuFigures>,
 }
 
-/// Writes back every dirty page before a fio job starts (not timed), so that no job
-/// measures the writeback of an earlier one: a read job right after a write job would
-/// otherwise compete with the flushing of gigabytes written before it, for whichever
-/// target happens to run then.
+/// Writes back every dirty page before a fio or metadata job starts (not timed), so that
+/// no job measures the writeback of an earlier one: a read job right after a write job
+/// would otherwise compete with the flushing of gigabytes written before it, and a
+/// listing with the journal commits of another target's thousands of renames, for
+/// whichever target happens to run then.
 fn settle_page_cache() {
     // SAFETY: sync(2) takes no arguments and cannot fail.
     unsafe { libc::sync() };
@@ -436,10 +437,12 @@ impl Runner {
                 m.fio = Some(fio::FioResult::aggregate(&parts));
             }
             JobKind::Meta { op, .. } if op.is_tree() => {
+                settle_page_cache();
                 let tag = tag("");
                 self.run_tree_job(t, *op, &tag, m)?;
             }
             JobKind::Meta { op, files, dirs } => {
+                settle_page_cache();
                 if let Some(dir) = t.local_dir.clone() {
                     let (ops, secs) = local::meta(&dir, *op, *files, *dirs)?;
                     m.commands.push(format!("local system calls: {:?} over {files} files", op));
