@@ -77,7 +77,7 @@ impl RecordStream {
                 std::mem::size_of::<libc::c_int>() as libc::socklen_t,
             )
         };
-        // On failure the mark stays where it was; remember 1 only if that is where it is.
+        // On failure the socket keeps its mark, and so does our note of it.
         if rc == 0 {
             self.low_water = bytes;
         } else {
