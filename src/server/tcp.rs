@@ -13,6 +13,10 @@
 //! queued, so concurrent replies leave in batches too; when the socket is full, the
 //! connection's writer task takes over, waits for the client to read, and gives up on a
 //! client that stops reading.
+//!
+//! While the rest of a large record (a 1 MiB WRITE) is arriving, the connection waits for
+//! all of it at once (`RecordStream`, a raised `SO_RCVLOWAT`) instead of waking for every
+//! segment.
 
 use super::Shared;
 use crate::rpc::dispatch::Handled;
