@@ -70,23 +70,30 @@ impl RecordStream {
     }
 
     fn set_low_water(&mut self, bytes: usize) {
-        let value = bytes as libc::c_int;
-        // SAFETY: setsockopt with a valid int option on a socket we own.
-        let rc = unsafe {
-            libc::setsockopt(
-                self.inner.as_ref().as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVLOWAT,
-                (&value as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
         // On failure the socket keeps its mark, and so does our note of it.
-        if rc == 0 {
-            self.low_water = bytes;
-        } else {
-            tracing::debug!(error = %std::io::Error::last_os_error(), "SO_RCVLOWAT");
+        match set_socket_option(self.inner.as_ref().as_raw_fd(), libc::SO_RCVLOWAT, bytes as libc::c_int) {
+            Ok(()) => self.low_water = bytes,
+            Err(e) => tracing::debug!(error = %e, "SO_RCVLOWAT"),
         }
+    }
+}
+
+/// Sets an integer `SOL_SOCKET` option.
+fn set_socket_option(fd: RawFd, option: libc::c_int, value: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: setsockopt reads one int from a live local.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            option,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 
@@ -709,17 +716,7 @@ mod tests {
         let s = std::net::TcpStream::connect(addr).unwrap();
         // Not below the loopback MSS (64 KiB): a window that can never open to one segment
         // leaves the sender to zero-window probes, which back off to seconds.
-        let size: libc::c_int = 128 * 1024;
-        // SAFETY: setsockopt with a valid int option.
-        unsafe {
-            libc::setsockopt(
-                s.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVBUF,
-                (&size as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as u32,
-            );
-        }
+        set_socket_option(s.as_raw_fd(), libc::SO_RCVBUF, 128 * 1024).unwrap();
         s
     }
 }
