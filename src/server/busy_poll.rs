@@ -5,16 +5,22 @@
 //! the latency at iodepth 1; polling trades CPU time for it while such a client is active.
 //!
 //! Bounded: a connection polls only if its previous wait was short, for at most `window`,
-//! and at most one connection per two cores polls at any moment.
+//! at most one connection per two cores polls at any moment, and nobody polls while the
+//! machine has no CPU to spare (`SpareCpu`): spinning is free only on a CPU that would
+//! otherwise idle, and takes the CPU from whoever waits for it, clients on the same
+//! machine included.
 
+use std::fs::File;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 pub struct BusyPoll {
     window: Duration,
     pollers: AtomicUsize,
     max_pollers: usize,
+    cpu: SpareCpu,
 }
 
 /// A previous wait this much longer than the window means the client is not in a tight
@@ -23,16 +29,20 @@ const TIGHT_LOOP_FACTOR: u32 = 4;
 
 impl BusyPoll {
     pub fn new(window: Duration) -> Self {
+        Self::with_gauge(window, SpareCpu::system())
+    }
+
+    fn with_gauge(window: Duration, cpu: SpareCpu) -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Self { window, pollers: AtomicUsize::new(0), max_pollers: (cores / 2).max(1) }
+        Self { window, pollers: AtomicUsize::new(0), max_pollers: (cores / 2).max(1), cpu }
     }
 
     /// Spins until `fd` has data to read (or reached end of stream), for at most the
-    /// window, if the connection's previous wait (`last_wait`) was short. Returns whether
-    /// data arrived while polling.
+    /// window, if the connection's previous wait (`last_wait`) was short and a CPU is to
+    /// spare. Returns whether data arrived while polling.
     pub fn poll_readable(&self, fd: RawFd, last_wait: Option<Duration>) -> bool {
         let tight = last_wait.is_some_and(|w| w <= self.window * TIGHT_LOOP_FACTOR);
-        if self.window.is_zero() || !tight {
+        if self.window.is_zero() || !tight || !self.cpu.has_spare() {
             return false;
         }
         if self.pollers.fetch_add(1, Ordering::AcqRel) >= self.max_pollers {
@@ -62,6 +72,84 @@ fn readable(fd: RawFd) -> bool {
     n >= 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::WouldBlock
 }
 
+/// How often the machine's runnable-thread count is sampled (at most).
+const SAMPLE_EVERY: Duration = Duration::from_millis(1);
+/// Fixed-point scale of `SpareCpu::busy_share`.
+const SHARE_ONE: u32 = 1 << 16;
+/// Each sample moves the average this fraction (1/2^n) of the way.
+const SHARE_SHIFT: u32 = 4;
+/// Polling stops once a quarter of the recent samples found every CPU wanted.
+const BUSY_SHARE_LIMIT: u32 = SHARE_ONE / 4;
+
+/// Whether the machine has a CPU to spare, from the number of runnable threads
+/// (`/proc/loadavg`'s fourth field, which counts the sampling thread itself). A sample
+/// with more runnable threads than cores means every CPU has other work waiting, so a
+/// spinning thread would take a CPU from it. Sampled at most once per `SAMPLE_EVERY` by
+/// whoever asks, and averaged, so brief bursts do not flip the answer. With two clients
+/// on a two-core machine this found every CPU wanted in most samples, with one client
+/// (whose polling it must keep) in a few.
+struct SpareCpu {
+    /// `None` where the count cannot be read: then a CPU is assumed to be spare.
+    loadavg: Option<File>,
+    cores: u32,
+    epoch: Instant,
+    /// Nanoseconds since `epoch` when the next sample is due.
+    next_sample: AtomicU64,
+    /// Recent share of samples that found every CPU wanted, in 1/`SHARE_ONE`.
+    busy_share: AtomicU32,
+}
+
+impl SpareCpu {
+    fn system() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+        Self::new(File::open("/proc/loadavg").ok(), cores)
+    }
+
+    fn new(loadavg: Option<File>, cores: u32) -> Self {
+        Self { loadavg, cores, epoch: Instant::now(), next_sample: AtomicU64::new(0), busy_share: AtomicU32::new(0) }
+    }
+
+    fn has_spare(&self) -> bool {
+        if let Some(file) = &self.loadavg {
+            let now = self.epoch.elapsed().as_nanos() as u64;
+            let due = self.next_sample.load(Ordering::Relaxed);
+            // One caller per interval samples; the others use the average as it stands.
+            if now >= due
+                && self
+                    .next_sample
+                    .compare_exchange(due, now + SAMPLE_EVERY.as_nanos() as u64, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok()
+            {
+                if let Some(runnable) = read_runnable(file) {
+                    self.record(runnable);
+                }
+            }
+        }
+        self.busy_share.load(Ordering::Relaxed) < BUSY_SHARE_LIMIT
+    }
+
+    /// Folds one sample of the runnable-thread count into the average.
+    fn record(&self, runnable: u32) {
+        let busy = if runnable > self.cores { SHARE_ONE } else { 0 };
+        // Only the sampler of the interval writes, so a plain load and store suffice.
+        let old = self.busy_share.load(Ordering::Relaxed);
+        let new = old - (old >> SHARE_SHIFT) + (busy >> SHARE_SHIFT);
+        self.busy_share.store(new, Ordering::Relaxed);
+    }
+}
+
+/// The runnable-thread count from `/proc/loadavg` ("0.52 0.58 0.59 3/467 12345": the
+/// fourth field's numerator).
+fn read_runnable(file: &File) -> Option<u32> {
+    let mut buf = [0u8; 128];
+    let n = file.read_at(&mut buf, 0).ok()?;
+    parse_runnable(std::str::from_utf8(&buf[..n]).ok()?)
+}
+
+fn parse_runnable(loadavg: &str) -> Option<u32> {
+    loadavg.split_whitespace().nth(3)?.split('/').next()?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -78,7 +166,9 @@ mod tests {
     #[test]
     fn polls_only_tight_loops_and_sees_data() {
         let (mut client, server) = pair();
-        let poll = BusyPoll::new(Duration::from_millis(20));
+        // A gauge that always finds a spare CPU: other tests may keep this machine's
+        // CPUs busy, and the rules tested here must not depend on that.
+        let poll = BusyPoll::with_gauge(Duration::from_millis(20), SpareCpu::new(None, 1));
         let fd = server.as_raw_fd();
         // No history, or a long previous wait: no polling at all, however long data takes.
         assert!(!poll.poll_readable(fd, None));
@@ -108,5 +198,74 @@ mod tests {
         let (_client, server) = pair();
         let poll = BusyPoll::new(Duration::ZERO);
         assert!(!poll.poll_readable(server.as_raw_fd(), Some(Duration::ZERO)));
+    }
+
+    #[test]
+    fn runnable_count_is_the_fourth_fields_numerator() {
+        assert_eq!(parse_runnable("0.52 0.58 0.59 3/467 12345\n"), Some(3));
+        assert_eq!(parse_runnable("0.00 0.00 0.00 12/80 1"), Some(12));
+        assert_eq!(parse_runnable("0.52 0.58 0.59"), None);
+        assert_eq!(parse_runnable("0.52 0.58 0.59 x/467 1"), None);
+    }
+
+    #[test]
+    fn a_spare_cpu_is_one_no_recent_sample_found_wanted() {
+        let cpu = SpareCpu::new(None, 2);
+        assert!(cpu.has_spare(), "nothing sampled yet");
+        // Runnable threads up to the core count (the sampler among them): room left.
+        for _ in 0..100 {
+            cpu.record(2);
+        }
+        assert!(cpu.has_spare());
+        // One sample with every CPU wanted is a burst, not a busy machine...
+        cpu.record(3);
+        assert!(cpu.has_spare());
+        // ...but a run of them is.
+        let mut samples = 1;
+        while cpu.has_spare() {
+            cpu.record(3);
+            samples += 1;
+            assert!(samples <= 10, "still polling after {samples} samples with every CPU wanted");
+        }
+        // Once the other threads are gone, polling resumes within a few samples.
+        let mut samples = 0;
+        while !cpu.has_spare() {
+            cpu.record(1);
+            samples += 1;
+            assert!(samples <= 40, "still not polling after {samples} idle samples");
+        }
+    }
+
+    #[test]
+    fn no_polling_while_other_threads_keep_every_cpu_busy() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let spinners: Vec<_> = (0..cores + 1)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        let poll = BusyPoll::new(Duration::from_millis(20));
+        assert!(poll.cpu.loadavg.is_some(), "/proc/loadavg is unreadable");
+        // The gauge samples once a millisecond; give it time to see the spinners.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while poll.cpu.has_spare() && Instant::now() < deadline {
+            std::thread::sleep(SAMPLE_EVERY);
+        }
+        let (_client, server) = pair();
+        let t = Instant::now();
+        let arrived = poll.poll_readable(server.as_raw_fd(), Some(Duration::from_micros(10)));
+        let took = t.elapsed();
+        stop.store(true, Ordering::Relaxed);
+        for s in spinners {
+            s.join().unwrap();
+        }
+        assert!(!arrived);
+        assert!(took < Duration::from_millis(10), "polled for {took:?} with {} spinning threads on {cores} cores", cores + 1);
     }
 }
