@@ -658,6 +658,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
         eprintln!("bench: starting {name}");
         tgts.push(Target::start(s, &work.join(&name), protocol, &local_engine)?);
     }
+    let mut names: Vec<String> = tgts.iter().map(|t| t.name.clone()).collect();
+    targets::make_names_unique(&mut names);
+    for (t, name) in tgts.iter_mut().zip(names) {
+        t.name = name;
+    }
     let mut notes = Vec::new();
     if args.suite == "iozone" || args.suite == "all" {
         notes.push("iozone matrix: driven by fio (iozone is not packaged in the registries we use): one pass per case, write = new file, rewrite = same file again, read and re-read = two passes over it, iodepth 1.".into());

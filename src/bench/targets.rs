@@ -311,9 +311,8 @@ impl Target {
                     url.push(if url.contains('?') { '&' } else { '?' });
                     url.push_str(&format!("version={protocol}"));
                 }
-                let host = u.trim_start_matches("nfs://").split(['/', ':', '?']).next().unwrap_or("").to_string();
                 Ok(Target {
-                    name: host.clone(),
+                    name: url_target_name(u),
                     spec: spec.clone(),
                     engine: Engine::Nfs { url: url.clone() },
                     url: Some(url),
@@ -409,5 +408,45 @@ impl Target {
 impl Drop for Target {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// The report's name for an external server: its host, and its port when the URL gives one
+/// (two servers on one host, e.g. two builds compared, must not share a column).
+fn url_target_name(url: &str) -> String {
+    let host = url.trim_start_matches("nfs://").split(['/', ':', '?']).next().unwrap_or("");
+    let port = url.split_once('?').and_then(|(_, q)| q.split('&').find_map(|kv| kv.strip_prefix("nfsport=")));
+    match port {
+        Some(p) => format!("{host}:{p}"),
+        None => host.to_string(),
+    }
+}
+
+/// Makes target names unique for the report: a repeated name gets " (2)", " (3)", ...
+pub fn make_names_unique(names: &mut [String]) {
+    for i in 1..names.len() {
+        if names[..i].contains(&names[i]) {
+            let base = names[i].clone();
+            let mut n = 2;
+            while names.contains(&format!("{base} ({n})")) {
+                n += 1;
+            }
+            names[i] = format!("{base} ({n})");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn external_servers_on_one_host_get_their_own_names() {
+        assert_eq!(url_target_name("nfs://127.0.0.1/srv?nfsport=2049&mountport=2049"), "127.0.0.1:2049");
+        assert_eq!(url_target_name("nfs://127.0.0.1/srv?mountport=20048&nfsport=2050"), "127.0.0.1:2050");
+        assert_eq!(url_target_name("nfs://filer/export"), "filer");
+        let mut names: Vec<String> = ["nasd", "filer", "filer", "filer (2)", "filer"].map(String::from).to_vec();
+        make_names_unique(&mut names);
+        assert_eq!(names, ["nasd", "filer", "filer (3)", "filer (2)", "filer (4)"].map(String::from).to_vec());
     }
 }
