@@ -29,12 +29,12 @@ const TIGHT_LOOP_FACTOR: u32 = 4;
 
 impl BusyPoll {
     pub fn new(window: Duration) -> Self {
-        Self::with_gauge(window, SpareCpu::system())
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self::with_gauge(window, SpareCpu::new(File::open("/proc/loadavg").ok(), cores))
     }
 
     fn with_gauge(window: Duration, cpu: SpareCpu) -> Self {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Self { window, pollers: AtomicUsize::new(0), max_pollers: (cores / 2).max(1), cpu }
+        Self { window, pollers: AtomicUsize::new(0), max_pollers: (cpu.cores / 2).max(1), cpu }
     }
 
     /// Spins until `fd` has data to read (or reached end of stream), for at most the
@@ -91,7 +91,7 @@ const BUSY_SHARE_LIMIT: u32 = SHARE_ONE / 4;
 struct SpareCpu {
     /// `None` where the count cannot be read: then a CPU is assumed to be spare.
     loadavg: Option<File>,
-    cores: u32,
+    cores: usize,
     epoch: Instant,
     /// Nanoseconds since `epoch` when the next sample is due.
     next_sample: AtomicU64,
@@ -100,12 +100,7 @@ struct SpareCpu {
 }
 
 impl SpareCpu {
-    fn system() -> Self {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
-        Self::new(File::open("/proc/loadavg").ok(), cores)
-    }
-
-    fn new(loadavg: Option<File>, cores: u32) -> Self {
+    fn new(loadavg: Option<File>, cores: usize) -> Self {
         Self { loadavg, cores, epoch: Instant::now(), next_sample: AtomicU64::new(0), busy_share: AtomicU32::new(0) }
     }
 
@@ -130,7 +125,7 @@ impl SpareCpu {
 
     /// Folds one sample of the runnable-thread count into the average.
     fn record(&self, runnable: u32) {
-        let busy = if runnable > self.cores { SHARE_ONE } else { 0 };
+        let busy = if runnable as usize > self.cores { SHARE_ONE } else { 0 };
         // Only the sampler of the interval writes, so a plain load and store suffice.
         let old = self.busy_share.load(Ordering::Relaxed);
         let new = old - (old >> SHARE_SHIFT) + (busy >> SHARE_SHIFT);

@@ -613,7 +613,10 @@ echo "handles.part1_size: $(stat -c %s /tmp/part1)"
 echo "handles.other1_pre: $(cat $M/other1.txt)"
 stat $M/sub/other2.txt >&2
 sync
-touch $M/.restart-now
+# The signal goes over the 9p share, not NFS: a marker made over NFS (CREATE, then
+# SETATTR) could get the server killed between the two calls, and the guest would then
+# sit in the SETATTR through the whole outage without seeing the server down.
+touch /share/restart-now
 # wait until the host has killed the server (connect refused)
 down=no
 i=0
@@ -643,6 +646,13 @@ echo "handles.ls: $(ls $M/sub | tr '\n' ' ')"
 }
 
 
+def script_for_restart(srv) -> str:
+    prologue = (f"timeout 120 mount -t nfs -o {srv.mount_options()} 10.0.2.2:/ {M}\n"
+                f'echo "result mount: $?"')
+    epilogue = f'timeout 60 umount {M}; echo "result umount: $?"'
+    return ph.guest_program(prologue, [("handles", 420)], epilogue)
+
+
 @pytest.fixture(scope="module")
 def restart_run(workdir, guest_image):
     export = _fresh_export(workdir("restart"))
@@ -655,11 +665,12 @@ def restart_run(workdir, guest_image):
     stop = threading.Event()
 
     with Netns() as ns, Nasd(export, args=["--no-root-squash"], netns=ns) as srv:
+        guest = vm.Guest(script_for_restart(srv), ns, image=guest_image, files=_sections(RESTART_SECTIONS))
+
         def restarter():
             try:
-                marker = export / ".restart-now"
                 while not stop.is_set():
-                    if marker.exists():
+                    if guest.share is not None and (guest.share / "restart-now").exists():
                         break
                     time.sleep(0.05)
                 else:
@@ -674,16 +685,13 @@ def restart_run(workdir, guest_image):
 
         th = threading.Thread(target=restarter, daemon=True)
         th.start()
-        prologue = (f"timeout 120 mount -t nfs -o {srv.mount_options()} 10.0.2.2:/ {M}\n"
-                    f'echo "result mount: $?"')
-        epilogue = f'timeout 60 umount {M}; echo "result umount: $?"'
-        script = ph.guest_program(prologue, [("handles", 420)], epilogue)
         try:
-            res = vm.run_guest(script, ns, timeout=600, image=guest_image,
-                               files=_sections(RESTART_SECTIONS))
+            guest.start()
+            res = guest.wait(timeout=600)
         finally:
             stop.set()
             th.join(timeout=60)
+            guest.close()
         _report("restart", res, srv.log())
     return Run(res, export, big=big, events=events)
 
