@@ -39,6 +39,46 @@ pub fn pick_engine(fio_bin: &Path, dir: &Path) -> String {
     "psync".into()
 }
 
+/// The parallel form of `meta` for create and remove: `clients` threads at once, each on
+/// `per` files in its own directory `root/md-par/cN`. Returns (operations, seconds of the
+/// slowest thread).
+pub fn meta_parallel(root: &Path, op: MetaOp, per: u32, clients: u32) -> Result<(u64, f64)> {
+    let par = root.join("md-par");
+    let dirs: Vec<PathBuf> = (0..clients).map(|c| par.join(format!("c{c}"))).collect();
+    if op == MetaOp::Create {
+        let _ = std::fs::remove_dir_all(&par);
+        for d in &dirs {
+            std::fs::create_dir_all(d)?;
+        }
+    } else if op != MetaOp::Remove {
+        bail!("{op:?} has no parallel form");
+    }
+    let start = std::sync::Barrier::new(dirs.len());
+    let secs = std::thread::scope(|s| {
+        let threads: Vec<_> = dirs
+            .iter()
+            .map(|d| {
+                let start = &start;
+                s.spawn(move || -> Result<f64> {
+                    start.wait();
+                    let t0 = Instant::now();
+                    for i in 0..per {
+                        let f = d.join(format!("f{i:08}"));
+                        if op == MetaOp::Create {
+                            std::fs::File::create(&f)?;
+                        } else {
+                            std::fs::remove_file(&f)?;
+                        }
+                    }
+                    Ok(t0.elapsed().as_secs_f64())
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().map_err(|_| anyhow::anyhow!("a local metadata thread panicked"))?).collect::<Result<Vec<f64>>>()
+    })?;
+    Ok((per as u64 * clients as u64, secs.into_iter().fold(0.0, f64::max)))
+}
+
 /// Local metadata operation over `files` files in `dirs` directories below `root`.
 /// Returns (operations, seconds).
 pub fn meta(root: &Path, op: MetaOp, files: u32, dirs: u32) -> Result<(u64, f64)> {
@@ -325,5 +365,24 @@ mod tests {
         assert_eq!(meta(root, MetaOp::Remove, 30, 3).unwrap().0, 30);
         assert_eq!(std::fs::read_dir(root.join("md-flat")).unwrap().count(), 0);
         assert!(meta(root, MetaOp::Untar, 30, 3).is_err());
+    }
+
+    #[test]
+    fn parallel_loops_create_and_remove_in_a_directory_per_client() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        assert_eq!(meta_parallel(root, MetaOp::Create, 20, 3).unwrap().0, 60);
+        for c in 0..3 {
+            let dir = root.join(format!("md-par/c{c}"));
+            assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 20, "{dir:?}");
+            assert!(dir.join("f00000019").exists());
+        }
+        assert_eq!(meta_parallel(root, MetaOp::Remove, 20, 3).unwrap().0, 60);
+        for c in 0..3 {
+            assert_eq!(std::fs::read_dir(root.join(format!("md-par/c{c}"))).unwrap().count(), 0);
+        }
+        // removing files that are gone is an error, not a figure
+        assert!(meta_parallel(root, MetaOp::Remove, 20, 3).is_err());
+        assert!(meta_parallel(root, MetaOp::Stat, 20, 3).is_err());
     }
 }

@@ -280,6 +280,24 @@ fn now_string() -> String {
         .unwrap_or_default()
 }
 
+/// Seconds from the first start to the last end of loops that nfsh processes ran at once
+/// (their `started` and `ended`, on the machine's monotonic clock).
+fn concurrent_span(loops: &[&serde_json::Value]) -> Result<f64> {
+    let mut first_start = f64::INFINITY;
+    let mut last_end = f64::NEG_INFINITY;
+    for v in loops {
+        let (Some(started), Some(ended)) = (v["started"].as_f64(), v["ended"].as_f64()) else {
+            bail!("nfsh gave no loop start and end: {v}");
+        };
+        first_start = first_start.min(started);
+        last_end = last_end.max(ended);
+    }
+    if loops.is_empty() || last_end < first_start {
+        bail!("no loop times to span");
+    }
+    Ok(last_end - first_start)
+}
+
 struct Runner {
     fio: PathBuf,
     nfsh: Option<PathBuf>,
@@ -317,18 +335,91 @@ impl Runner {
     }
 
     fn nfsh(&self, t: &Target, args: &[String]) -> Result<(String, serde_json::Value)> {
+        let mut runs = self.nfsh_at_once(t, std::slice::from_ref(&args.to_vec()))?;
+        Ok(runs.remove(0))
+    }
+
+    /// Runs one nfsh per argument list, all at once, and returns each one's command line
+    /// and result (its last output line) in order; fails if any of them failed.
+    fn nfsh_at_once(&self, t: &Target, arg_lists: &[Vec<String>]) -> Result<Vec<(String, serde_json::Value)>> {
         let nfsh = self.nfsh.as_ref().ok_or_else(|| anyhow!("no libnfs helper (nfsh): run `cd tests && python3 -m rig.nfsh`"))?;
-        let url = t.url.as_ref().unwrap();
-        let mut argv = vec![url.clone()];
-        argv.extend(args.iter().cloned());
-        let o = std::process::Command::new(nfsh).args(&argv).output()?;
-        let cmd = format!("nfsh {}", fio::shell_join(&argv));
-        let out = String::from_utf8_lossy(&o.stdout).to_string();
-        if !o.status.success() {
-            bail!("{cmd}: {}{}", out, String::from_utf8_lossy(&o.stderr));
+        let url = t.url.as_ref().ok_or_else(|| anyhow!("{} has no NFS URL", t.name))?;
+        let mut started = Vec::new();
+        for args in arg_lists {
+            let mut argv = vec![url.clone()];
+            argv.extend(args.iter().cloned());
+            let spawned = std::process::Command::new(nfsh)
+                .args(&argv)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn();
+            match spawned {
+                Ok(child) => started.push((format!("nfsh {}", fio::shell_join(&argv)), child)),
+                Err(e) => {
+                    for (_, mut child) in started {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                    }
+                    return Err(e).with_context(|| format!("starting {}", nfsh.display()));
+                }
+            }
         }
-        let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap_or("{}")).context("nfsh output")?;
-        Ok((cmd, v))
+        // Wait for every process, even after a failure, so none is left behind.
+        let finished: Vec<_> = started.into_iter().map(|(cmd, child)| (cmd, child.wait_with_output())).collect();
+        finished
+            .into_iter()
+            .map(|(cmd, o)| {
+                let o = o.with_context(|| cmd.clone())?;
+                let out = String::from_utf8_lossy(&o.stdout).to_string();
+                if !o.status.success() {
+                    bail!("{cmd}: {}{}", out, String::from_utf8_lossy(&o.stderr));
+                }
+                let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap_or("{}")).context("nfsh output")?;
+                Ok((cmd, v))
+            })
+            .collect()
+    }
+
+    /// The parallel metadata jobs: `clients` nfsh processes at once, each creating (or
+    /// removing) its share of `files` in a directory of its own, `/md-par/cN`. The figure is
+    /// all their operations over the time from the first loop's start to the last one's
+    /// end. Locally: as many threads.
+    fn run_parallel_meta(&mut self, t: &Target, op: MetaOp, files: u32, clients: u32, tag: &str, m: &mut Measurement) -> Result<()> {
+        let per = (files / clients).max(1);
+        let expected = per as u64 * clients as u64;
+        let (ops, secs) = if let Some(root) = t.local_dir.clone() {
+            let (ops, secs) = local::meta_parallel(&root, op, per, clients)?;
+            m.commands.push(format!("local system calls: {op:?} over {per} files in each of {clients} directories, one thread each"));
+            (ops, secs)
+        } else {
+            let dirs: Vec<String> = (0..clients).map(|c| format!("/md-par/c{c}")).collect();
+            let loops: Vec<Vec<String>> = match op {
+                MetaOp::Create => {
+                    // Not timed; a directory left by an earlier run is reused.
+                    let _ = self.nfsh(t, &["mkdir".into(), "/md-par".into()]);
+                    for d in &dirs {
+                        let _ = self.nfsh(t, &["mkdir".into(), d.clone()]);
+                    }
+                    dirs.iter().map(|d| vec!["create-loop".into(), d.clone(), per.to_string()]).collect()
+                }
+                MetaOp::Remove => dirs.iter().map(|d| vec!["remove-loop".into(), d.clone(), per.to_string(), "f".into()]).collect(),
+                _ => bail!("{op:?} has no parallel form"),
+            };
+            let window = cpu::CpuWindow::start(t.pid());
+            let runs = self.nfsh_at_once(t, &loops)?;
+            m.cpu = Some(window.finish());
+            let values: Vec<&serde_json::Value> = runs.iter().map(|(_, v)| v).collect();
+            self.save_raw(tag, &serde_json::json!(values).to_string());
+            m.commands.extend(runs.iter().map(|(cmd, _)| cmd.clone()));
+            let ops: f64 = values.iter().map(|v| v["ops"].as_f64().unwrap_or(0.0)).sum();
+            (ops as u64, concurrent_span(&values)?)
+        };
+        if ops != expected {
+            bail!("{clients} clients did {ops} operations, expected {expected}");
+        }
+        m.ops_per_sec = Some(ops as f64 / secs.max(1e-9));
+        m.meta = Some(MetaFigures { ops, seconds: secs, bytes: None });
+        Ok(())
     }
 
     fn run_job(&mut self, t: &mut Target, job: &Job, idx: usize) -> Measurement {
@@ -441,7 +532,11 @@ impl Runner {
                 let tag = tag("");
                 self.run_tree_job(t, *op, &tag, m)?;
             }
-            JobKind::Meta { op, files, dirs } => {
+            JobKind::Meta { op, files, clients, .. } if *clients > 1 => {
+                settle_page_cache();
+                self.run_parallel_meta(t, *op, *files, *clients, &tag(""), m)?;
+            }
+            JobKind::Meta { op, files, dirs, .. } => {
                 settle_page_cache();
                 if let Some(dir) = t.local_dir.clone() {
                     let (ops, secs) = local::meta(&dir, *op, *files, *dirs)?;
@@ -783,5 +878,16 @@ mod tests {
         assert!(m.error.is_some());
         // One run: nothing to list.
         assert!(median_run(vec![ops(Some(1.0))], Metric::OpsPerSec).repeats.is_empty());
+    }
+
+    #[test]
+    fn concurrent_loops_count_from_the_first_start_to_the_last_end() {
+        let a = serde_json::json!({"ops": 10, "seconds": 2.0, "started": 100.0, "ended": 102.0});
+        let b = serde_json::json!({"ops": 10, "seconds": 2.5, "started": 101.0, "ended": 103.5});
+        assert_eq!(concurrent_span(&[&a, &b]).unwrap(), 3.5);
+        // an nfsh without the loop times is an error, not a made-up figure
+        let old = serde_json::json!({"ops": 10, "seconds": 2.0});
+        assert!(concurrent_span(&[&a, &old]).is_err());
+        assert!(concurrent_span(&[]).is_err());
     }
 }

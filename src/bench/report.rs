@@ -672,7 +672,7 @@ mod tests {
                 group: "metadata".into(),
                 x: 0.0,
                 metric: Metric::OpsPerSec,
-                kind: JobKind::Meta { op: super::super::suites::MetaOp::Untar, files: 0, dirs: 0 },
+                kind: JobKind::Meta { op: super::super::suites::MetaOp::Untar, files: 0, dirs: 0, clients: 1 },
             },
             runs: vec![meas("nasd", 3000, 2.0, Some(64 << 20)), meas("ganesha", 3000, 4.0, Some(64 << 20)), meas("local", 3000, 0.5, Some(64 << 20))],
         }];

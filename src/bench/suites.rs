@@ -58,7 +58,19 @@ pub enum JobKind {
     Scale { clients: u32, shape: FioShape },
     /// iozone-style case: one pass of `op` over a file of `shape.size` in records of `shape.bs`.
     Iozone { op: String, shape: FioShape },
-    Meta { op: MetaOp, files: u32, dirs: u32 },
+    /// With `clients` > 1, that many nfsh processes at once, each on its share of `files`
+    /// in a directory of its own (create and remove only).
+    Meta {
+        op: MetaOp,
+        files: u32,
+        dirs: u32,
+        #[serde(default = "one_client")]
+        clients: u32,
+    },
+}
+
+fn one_client() -> u32 {
+    1
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -264,31 +276,35 @@ fn iozone(p: Params) -> Vec<Job> {
 /// The real-tree jobs and their names, in job order.
 pub const TREE_JOBS: [(MetaOp, &str); 3] = [(MetaOp::Untar, "untar tree"), (MetaOp::CopyTree, "cp -r tree"), (MetaOp::RemoveTree, "rm -rf tree")];
 
+/// Concurrent clients of the metadata suite's parallel create and remove.
+pub const META_CLIENTS: u32 = 8;
+
 /// The metadata suite: loops over `files` files (mkdir-tree, create, stat, rename, readdir,
-/// remove), then the real-tree workload (untar, cp -r, rm -rf of a source tree).
+/// remove), the same creates and removes by `META_CLIENTS` clients at once, then the
+/// real-tree workload (untar, cp -r, rm -rf of a source tree).
 fn metadata(smoke: bool) -> Vec<Job> {
     let (files, dirs) = if smoke { (200, 4) } else { (5000, 50) };
+    let one = |op, n: &str| (op, n.to_string(), 1);
+    let parallel = |op, n: &str| (op, format!("{n} {files} files × {META_CLIENTS} clients"), META_CLIENTS);
     [
-        (MetaOp::Tree, "mkdir-tree"),
-        (MetaOp::Create, "create"),
-        (MetaOp::Stat, "stat"),
-        (MetaOp::Rename, "rename"),
-        (MetaOp::Readdir, "readdir"),
-        (MetaOp::Remove, "remove"),
+        one(MetaOp::Tree, &format!("mkdir-tree {dirs} dirs × {} files", files / dirs)),
+        one(MetaOp::Create, &format!("create {files} files")),
+        one(MetaOp::Stat, &format!("stat {files} files")),
+        one(MetaOp::Rename, &format!("rename {files} files")),
+        one(MetaOp::Readdir, &format!("readdir {files} files")),
+        one(MetaOp::Remove, &format!("remove {files} files")),
+        parallel(MetaOp::Create, "create"),
+        parallel(MetaOp::Remove, "remove"),
     ]
     .into_iter()
-    .chain(TREE_JOBS)
-    .map(|(op, n)| Job {
+    .chain(TREE_JOBS.into_iter().map(|(op, n)| one(op, n)))
+    .map(|(op, name, clients)| Job {
         suite: "metadata".into(),
-        name: match op {
-            MetaOp::Tree => format!("{n} {dirs} dirs × {} files", files / dirs),
-            _ if op.is_tree() => n.to_string(),
-            _ => format!("{n} {files} files"),
-        },
+        name,
         group: "metadata".into(),
         x: 0.0,
         metric: Metric::OpsPerSec,
-        kind: JobKind::Meta { op, files, dirs },
+        kind: JobKind::Meta { op, files, dirs, clients },
     })
     .collect()
 }
@@ -367,6 +383,8 @@ mod tests {
                     "rename 5000 files",
                     "readdir 5000 files",
                     "remove 5000 files",
+                    "create 5000 files × 8 clients",
+                    "remove 5000 files × 8 clients",
                     "untar tree",
                     "cp -r tree",
                     "rm -rf tree"
@@ -387,6 +405,15 @@ mod tests {
             assert!(at(MetaOp::Rename) < at(MetaOp::Readdir) && at(MetaOp::Readdir) < at(MetaOp::Remove));
             assert!(at(MetaOp::Untar) < at(MetaOp::CopyTree) && at(MetaOp::CopyTree) < at(MetaOp::RemoveTree));
             assert_eq!(ops.iter().filter(|o| o.is_tree()).count(), 3);
+            // the parallel jobs: create, then remove what it made, each by 8 clients
+            let parallel: Vec<(MetaOp, u32)> = j
+                .iter()
+                .filter_map(|j| match j.kind {
+                    JobKind::Meta { op, clients, .. } if clients > 1 => Some((op, clients)),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(parallel, [(MetaOp::Create, META_CLIENTS), (MetaOp::Remove, META_CLIENTS)]);
             assert!(j.iter().all(|j| j.metric == Metric::OpsPerSec && j.group == "metadata"));
             assert!(j.iter().all(|j| j.planned_secs() > 0.0));
         }
@@ -394,6 +421,9 @@ mod tests {
         let old: MetaOp = serde_json::from_str("\"Readdir\"").unwrap();
         assert_eq!(old, MetaOp::Readdir);
         assert_eq!(serde_json::to_string(&MetaOp::CopyTree).unwrap(), "\"CopyTree\"");
+        // ... and so do their metadata jobs, which had no client count: one client
+        let old: JobKind = serde_json::from_str(r#"{"Meta":{"op":"Create","files":5000,"dirs":50}}"#).unwrap();
+        assert_eq!(old, JobKind::Meta { op: MetaOp::Create, files: 5000, dirs: 50, clients: 1 });
     }
 
     #[test]

@@ -106,3 +106,39 @@ def test_bench_smoke(tmp_path):
         assert w >= 400 and h >= 200, (png, w, h)
         assert f"({png.name})" in md, f"{png.name} not linked from report.md"
     assert not (out / "data").exists()  # servers' data removed
+
+
+@pytest.mark.skipif(not NASD.exists(), reason="build nasd first: cargo build --release")
+def test_bench_parallel_metadata(tmp_path):
+    """The metadata suite's parallel jobs against nasd and the local disk: eight nfsh
+    processes create 5000 files at once, each in a directory of its own, then remove them.
+    Every operation reaches nasd, and the eight loops really overlap in time."""
+    out = tmp_path / "report"
+    cmd = [str(NASD), "bench", "--suite", "metadata", "--only", "clients", "--target", "nasd",
+           "--out", str(out), "--fio", fio_binary()]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    print(p.stderr[-4000:])
+    assert p.returncode == 0, p.stderr[-4000:]
+
+    results = json.loads((out / "results.json").read_text())
+    jobs = {j["job"]["name"]: j for j in results["jobs"]}
+    assert list(jobs) == ["create 5000 files × 8 clients", "remove 5000 files × 8 clients"]
+    for name, job in jobs.items():
+        runs = {m["target"]: m for m in job["runs"]}
+        for target in ("nasd", "local"):
+            m = runs[target]
+            assert m["error"] is None, (name, target, m["error"])
+            assert m["meta"]["ops"] == 5000 and m["ops_per_sec"] > 0, (name, target, m["meta"])
+        nasd = runs["nasd"]
+        assert len(nasd["commands"]) == 8, nasd["commands"]
+        calls = {f["procedure"]: f["calls"] for f in nasd["server"]["procs"]}
+        proc = "nfs3 CREATE" if name.startswith("create") else "nfs3 REMOVE"
+        assert calls.get(proc) == 5000, calls
+
+    # each client's loop, as nfsh reported it (raw/NNN-<job>-nasd.json)
+    loops = [json.loads(f.read_text()) for f in sorted((out / "raw").glob("*-nasd.json"))]
+    assert len(loops) == 2, loops
+    for clients in loops:
+        assert len(clients) == 8 and sum(c["ops"] for c in clients) == 5000
+        # all eight ran at once: the last to start began before the first to finish ended
+        assert max(c["started"] for c in clients) < min(c["ended"] for c in clients), clients
