@@ -40,8 +40,8 @@ pub fn pick_engine(fio_bin: &Path, dir: &Path) -> String {
 }
 
 /// The parallel form of `meta` for create and remove: `clients` threads at once, each on
-/// `per` files in its own directory `root/md-par/cN`. Returns (operations, seconds of the
-/// slowest thread).
+/// `per` files in its own directory `root/md-par/cN`. Returns (operations, seconds from
+/// the first thread's start to the last one's end), the span nfsh clients are timed by.
 pub fn meta_parallel(root: &Path, op: MetaOp, per: u32, clients: u32) -> Result<(u64, f64)> {
     let par = root.join("md-par");
     let dirs: Vec<PathBuf> = (0..clients).map(|c| par.join(format!("c{c}"))).collect();
@@ -54,12 +54,12 @@ pub fn meta_parallel(root: &Path, op: MetaOp, per: u32, clients: u32) -> Result<
         bail!("{op:?} has no parallel form");
     }
     let start = std::sync::Barrier::new(dirs.len());
-    let secs = std::thread::scope(|s| {
+    let spans = std::thread::scope(|s| {
         let threads: Vec<_> = dirs
             .iter()
             .map(|d| {
                 let start = &start;
-                s.spawn(move || -> Result<f64> {
+                s.spawn(move || -> Result<(Instant, Instant)> {
                     start.wait();
                     let t0 = Instant::now();
                     for i in 0..per {
@@ -70,13 +70,16 @@ pub fn meta_parallel(root: &Path, op: MetaOp, per: u32, clients: u32) -> Result<
                             std::fs::remove_file(&f)?;
                         }
                     }
-                    Ok(t0.elapsed().as_secs_f64())
+                    Ok((t0, Instant::now()))
                 })
             })
             .collect();
-        threads.into_iter().map(|t| t.join().map_err(|_| anyhow::anyhow!("a local metadata thread panicked"))?).collect::<Result<Vec<f64>>>()
+        threads.into_iter().map(|t| t.join().map_err(|_| anyhow::anyhow!("a local metadata thread panicked"))?).collect::<Result<Vec<_>>>()
     })?;
-    Ok((per as u64 * clients as u64, secs.into_iter().fold(0.0, f64::max)))
+    let (Some(first_start), Some(last_end)) = (spans.iter().map(|s| s.0).min(), spans.iter().map(|s| s.1).max()) else {
+        bail!("no clients");
+    };
+    Ok((per as u64 * clients as u64, (last_end - first_start).as_secs_f64()))
 }
 
 /// Local metadata operation over `files` files in `dirs` directories below `root`.
