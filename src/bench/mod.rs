@@ -97,7 +97,7 @@ pub struct Measurement {
 /// Writes back every dirty page before a fio or metadata job starts (not timed), so that
 /// no job measures the writeback of an earlier one: a read job right after a write job
 /// would otherwise compete with the flushing of gigabytes written before it, and a
-/// listing with the journal commits of another target's thousands of renames, for
+/// listing with the metadata writeback of another target's thousands of renames, for
 /// whichever target happens to run then.
 fn settle_page_cache() {
     // SAFETY: sync(2) takes no arguments and cannot fail.
@@ -335,8 +335,7 @@ impl Runner {
     }
 
     fn nfsh(&self, t: &Target, args: &[String]) -> Result<(String, serde_json::Value)> {
-        let mut runs = self.nfsh_at_once(t, std::slice::from_ref(&args.to_vec()))?;
-        Ok(runs.remove(0))
+        Ok(self.nfsh_at_once(t, &[args.to_vec()])?.remove(0))
     }
 
     /// Runs one nfsh per argument list, all at once, and returns each one's command line
@@ -388,9 +387,8 @@ impl Runner {
         let per = (files / clients).max(1);
         let expected = per as u64 * clients as u64;
         let (ops, secs) = if let Some(root) = t.local_dir.clone() {
-            let (ops, secs) = local::meta_parallel(&root, op, per, clients)?;
             m.commands.push(format!("local system calls: {op:?} over {per} files in each of {clients} directories, one thread each"));
-            (ops, secs)
+            local::meta_parallel(&root, op, per, clients)?
         } else {
             let dirs: Vec<String> = (0..clients).map(|c| format!("/md-par/c{c}")).collect();
             let loops: Vec<Vec<String>> = match op {
