@@ -126,11 +126,13 @@ def netns():
         yield ns
 
 
-def make_disk(path: Path) -> Path:
+def make_disk(path: Path, journal: bool = True) -> Path:
     """A fresh ext4 image file (no loop device). 4 KiB blocks like a data disk (mke2fs
     would pick 1 KiB for a file system this small); inode tables and journal zeroed now
-    so the guest's ext4lazyinit does not write behind the workload's back."""
-    subprocess.run(["mke2fs", "-q", "-t", "ext4", "-F", "-b", "4096",
+    so the guest's ext4lazyinit does not write behind the workload's back. Without a
+    journal, a directory's fsync no longer carries the inode allocation with it."""
+    features = [] if journal else ["-O", "^has_journal"]
+    subprocess.run(["mke2fs", "-q", "-t", "ext4", "-F", "-b", "4096", *features,
                     "-E", "lazy_itable_init=0,lazy_journal_init=0",
                     "-L", "nasd-power", str(path), f"{IMG_MB}M"],
                    check=True, stdin=subprocess.DEVNULL, capture_output=True)
@@ -299,11 +301,16 @@ class PoweredGuest:
 
 
 # ----------------------------------------------------------------------------- tests
-def test_power_cut_trials_lose_nothing_acknowledged(guest_image, netns, workdir):
+NO_JOURNAL_WARNING = "the file system has no journal"
+
+
+@pytest.mark.parametrize("journal", [True, False], ids=["journal", "no-journal"])
+def test_power_cut_trials_lose_nothing_acknowledged(guest_image, netns, workdir, journal):
     """`sync` (the default): after every power cut, every byte nasd acknowledged as
     stable (FILE_SYNC/DATA_SYNC replies, COMMITs, truncates) and every acknowledged
-    CREATE/RENAME/REMOVE is on the disk image."""
-    img = make_disk(workdir / "disk.img")
+    CREATE/RENAME/REMOVE is on the disk image. Also on ext4 made without a journal,
+    where a directory fsync is not enough (nasd must notice and use syncfs)."""
+    img = make_disk(workdir / "disk.img", journal=journal)
     oplog = workdir / "ops.jsonl"
     fscklog = workdir / "e2fsck.log"
     m = Model(NFILES)
@@ -327,6 +334,10 @@ def test_power_cut_trials_lose_nothing_acknowledged(guest_image, netns, workdir)
             assert w.failure is None, f"trial {t}: {w.failure}\n{pg.logs()}"
             nasd_log = pg.logs()
             boot = pg.boot_seconds
+            warned = NO_JOURNAL_WARNING in pg.guest.read("stderr")
+            assert warned != journal, \
+                f"trial {t}: nasd {'warned' if warned else 'did not warn'} of a missing " \
+                f"journal on a file system {'with' if journal else 'without'} one\n{nasd_log}"
         verfs.append(w.verfs)
         rc = e2fsck(img, fscklog)
         view = ImageView(img, workdir, NFILES)

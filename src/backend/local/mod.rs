@@ -17,7 +17,7 @@ use cache::{CachedObject, HandleCache, InodeKey, ObjectCache};
 use dirstream::{DirStream, DirStreams, EntryStat, LookAhead, StatBatch};
 use std::ffi::{CStr, CString};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use sync::SyncKind;
+use sync::{SyncGroup, SyncKind};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
@@ -91,6 +91,9 @@ pub struct LocalFs {
     root_ino: u64,
     fsid: u64,
     sync: bool,
+    /// Set where the file system has no journal: namespace changes are then made durable
+    /// by `syncfs`, shared by concurrent changes, instead of the directory's `fsync`.
+    fs_sync: Option<SyncGroup>,
     verifier: [u8; 8],
     cache: ObjectCache,
     /// Handles of inodes seen before, so listing them again costs no `name_to_handle_at`.
@@ -177,6 +180,23 @@ impl LocalFs {
         let mut verifier = [0u8; 8];
         rand::Rng::fill(&mut rand::thread_rng(), &mut verifier);
         let max_file_size = sys::max_file_size(root_fd.as_raw_fd());
+        let fs_sync = match sys::metadata_log(root_fd.as_raw_fd(), st.st_dev) {
+            sys::MetadataLog::NoJournal if cfg.sync => {
+                tracing::warn!(
+                    export = %cfg.path.display(),
+                    "the file system has no journal: each namespace change is made durable with syncfs, which costs more than a directory fsync"
+                );
+                Some(SyncGroup::default())
+            }
+            sys::MetadataLog::Unknown if cfg.sync => {
+                tracing::warn!(
+                    export = %cfg.path.display(),
+                    "cannot tell whether the file system has a journal; namespace changes are made durable with a directory fsync"
+                );
+                None
+            }
+            _ => None,
+        };
         Ok(Arc::new_cyclic(|me| Self {
             root_fd,
             root_id,
@@ -185,6 +205,7 @@ impl LocalFs {
             root_ino: st.st_ino,
             fsid: cfg.fsid,
             sync: cfg.sync,
+            fs_sync,
             verifier,
             cache: ObjectCache::new(cfg.cache_capacity),
             handles: HandleCache::new(cfg.cache_capacity.saturating_mul(HANDLES_PER_OPEN_OBJECT)),
@@ -371,7 +392,18 @@ impl LocalFs {
     /// In `sync` mode, makes a directory's changed entries durable; concurrent changes to
     /// one directory share the `fsync`.
     fn commit_dir(&self, cred: &Cred, dir: &CachedObject, attr: &Attr) -> VfsResult<()> {
-        if self.sync {
+        self.commit_dirs(cred, &[(dir, attr)])
+    }
+
+    /// [`Self::commit_dir`] for a change that touched several directories (a rename).
+    fn commit_dirs(&self, cred: &Cred, dirs: &[(&CachedObject, &Attr)]) -> VfsResult<()> {
+        if !self.sync {
+            return Ok(());
+        }
+        if let Some(group) = &self.fs_sync {
+            return group.sync(SyncKind::Full, |_| sys::syncfs(&self.root_fd));
+        }
+        for (dir, attr) in dirs {
             self.make_durable(cred, dir, attr, SyncKind::Full)?;
         }
         Ok(())
@@ -747,9 +779,10 @@ impl Vfs for LocalFs {
         if unsafe { libc::renameat(fobj.path_fd.as_raw_fd(), fc.as_ptr(), tobj.path_fd.as_raw_fd(), tc.as_ptr()) } < 0 {
             return Err(sys::last_err());
         }
-        self.commit_dir(cred, &tobj, &tattr)?;
-        if fattr.fileid != tattr.fileid {
-            self.commit_dir(cred, &fobj, &fattr)?;
+        if fattr.fileid == tattr.fileid {
+            self.commit_dir(cred, &tobj, &tattr)?;
+        } else {
+            self.commit_dirs(cred, &[(&tobj, &tattr), (&fobj, &fattr)])?;
         }
         Ok((self.dir_wcc(&fobj, &fattr), self.dir_wcc(&tobj, &tattr)))
     }

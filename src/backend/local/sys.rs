@@ -277,6 +277,76 @@ pub fn fdatasync(fd: &OwnedFd) -> VfsResult<()> {
     check(unsafe { libc::fdatasync(fd.as_raw_fd()) }).map(|_| ())
 }
 
+/// Everything written to the file system holding `fd`: data, inodes, and the allocation
+/// bitmaps and group descriptors that a file's own `fsync` leaves behind where there is no
+/// journal.
+pub fn syncfs(fd: &OwnedFd) -> VfsResult<()> {
+    // SAFETY: plain syscall on an owned fd.
+    check(unsafe { libc::syncfs(fd.as_raw_fd()) }).map(|_| ())
+}
+
+/// Whether a directory's `fsync` is enough to make a change of its entries durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetadataLog {
+    /// A journal (or a log, or copy-on-write) commits the whole change, allocation
+    /// included, with the directory's `fsync`.
+    Journal,
+    /// No journal: `fsync` writes the directory and inode but not the bitmaps and group
+    /// descriptors, and after a crash `fsck` may take a new inode for a free one and drop
+    /// its entry. Only `syncfs` covers the change.
+    NoJournal,
+    /// Could not tell (treated like `Journal`, with a warning).
+    Unknown,
+}
+
+const EXT_SUPER_MAGIC: i64 = 0xEF53;
+const MSDOS_SUPER_MAGIC: i64 = 0x4d44;
+const EXFAT_SUPER_MAGIC: i64 = 0x2011_BAB0;
+
+/// How the file system holding `fd` (on device `dev`) keeps its metadata consistent.
+pub fn metadata_log(fd: RawFd, dev: u64) -> MetadataLog {
+    // SAFETY: fstatfs fills the zeroed struct.
+    let mut sfs: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstatfs(fd, &mut sfs) } < 0 {
+        return MetadataLog::Unknown;
+    }
+    match sfs.f_type as i64 {
+        MSDOS_SUPER_MAGIC | EXFAT_SUPER_MAGIC => MetadataLog::NoJournal,
+        // ext2, ext3 and ext4 share the magic; ext4 also mounts without a journal.
+        EXT_SUPER_MAGIC => {
+            let (major, minor) = (libc::major(dev), libc::minor(dev));
+            let uevent = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/uevent"));
+            match uevent.ok().as_deref().and_then(devname_from_uevent) {
+                Some(name) => ext_journal(name, std::path::Path::new("/proc/fs")),
+                None => MetadataLog::Unknown,
+            }
+        }
+        _ => MetadataLog::Journal,
+    }
+}
+
+/// The kernel's name of a block device (`vda`, `dm-0`) from its sysfs `uevent` file.
+fn devname_from_uevent(uevent: &str) -> Option<&str> {
+    uevent.lines().find_map(|l| l.strip_prefix("DEVNAME=")).map(str::trim).filter(|n| !n.is_empty())
+}
+
+/// jbd2 lists every journal it runs as `<device>-<journal inode>` under `/proc/fs/jbd2`,
+/// which does not exist while no journal is loaded.
+fn ext_journal(devname: &str, proc_fs: &std::path::Path) -> MetadataLog {
+    if !proc_fs.is_dir() {
+        return MetadataLog::Unknown;
+    }
+    let prefix = format!("{devname}-");
+    let journaled = std::fs::read_dir(proc_fs.join("jbd2"))
+        .map(|dir| dir.flatten().any(|e| e.file_name().to_str().is_some_and(|n| n.starts_with(&prefix))))
+        .unwrap_or(false);
+    if journaled {
+        MetadataLog::Journal
+    } else {
+        MetadataLog::NoJournal
+    }
+}
+
 pub fn ftruncate(fd: &OwnedFd, size: u64) -> VfsResult<()> {
     // SAFETY: plain syscall on an owned fd.
     check(unsafe { libc::ftruncate(fd.as_raw_fd(), size as i64) }).map(|_| ())
@@ -448,4 +518,32 @@ pub fn coarse_now() -> std::time::SystemTime {
     // SAFETY: valid pointer to a timespec; CLOCK_REALTIME_COARSE exists on every Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
     std::time::UNIX_EPOCH + std::time::Duration::new(ts.tv_sec.max(0) as u64, ts.tv_nsec as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devname_is_read_from_uevent() {
+        let uevent = "MAJOR=253\nMINOR=0\nDEVNAME=dm-0\nDEVTYPE=disk\n";
+        assert_eq!(devname_from_uevent(uevent), Some("dm-0"));
+        assert_eq!(devname_from_uevent("MAJOR=8\nDEVNAME=\n"), None);
+        assert_eq!(devname_from_uevent(""), None);
+    }
+
+    #[test]
+    fn ext_journal_is_found_by_device_name_only() {
+        let proc_fs = tempfile::tempdir().unwrap();
+        // /proc/fs without jbd2: no journal is running anywhere.
+        assert_eq!(ext_journal("vda", proc_fs.path()), MetadataLog::NoJournal);
+        std::fs::create_dir_all(proc_fs.path().join("jbd2/vda1-8")).unwrap();
+        std::fs::create_dir_all(proc_fs.path().join("jbd2/dm-10-8")).unwrap();
+        assert_eq!(ext_journal("vda1", proc_fs.path()), MetadataLog::Journal);
+        assert_eq!(ext_journal("dm-10", proc_fs.path()), MetadataLog::Journal);
+        // A name that is only a prefix of a journaled device's is not that device.
+        assert_eq!(ext_journal("vda", proc_fs.path()), MetadataLog::NoJournal);
+        assert_eq!(ext_journal("dm-1", proc_fs.path()), MetadataLog::NoJournal);
+        assert_eq!(ext_journal("vda", &proc_fs.path().join("missing")), MetadataLog::Unknown);
+    }
 }
