@@ -684,10 +684,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     let mut jobs = suites::jobs(&args.suite, params);
     if !args.only.is_empty() {
-        jobs.retain(|j| args.only.iter().any(|t| j.name.contains(t.as_str())));
-        if jobs.is_empty() {
+        let (selected, added) = suites::select(jobs, &args.only);
+        if selected.is_empty() {
             bail!("--only {:?} matches no job of suite {}", args.only, args.suite);
         }
+        for name in added {
+            eprintln!("bench: also running {name:?}: a selected job works on its files");
+        }
+        jobs = selected;
     }
 
     let mut specs: Vec<TargetSpec> = args.targets.iter().map(|t| TargetSpec::parse(t)).collect::<Result<_>>()?;

@@ -49,6 +49,44 @@ impl MetaOp {
     pub fn is_tree(self) -> bool {
         matches!(self, MetaOp::Untar | MetaOp::CopyTree | MetaOp::RemoveTree)
     }
+
+    /// The earlier job, with as many clients, whose files this one works on.
+    pub fn works_on(self, clients: u32) -> Option<MetaOp> {
+        match self {
+            MetaOp::Stat | MetaOp::Rename | MetaOp::Readdir => Some(MetaOp::Create),
+            // One client removes the renamed files; several remove what they created.
+            MetaOp::Remove if clients == 1 => Some(MetaOp::Rename),
+            MetaOp::Remove => Some(MetaOp::Create),
+            MetaOp::CopyTree | MetaOp::RemoveTree => Some(MetaOp::Untar),
+            MetaOp::Tree | MetaOp::Create | MetaOp::Untar => None,
+        }
+    }
+}
+
+/// The jobs whose name contains one of `only`, and the earlier metadata jobs that make
+/// the files they work on (`remove` needs `rename` needs `create`), in suite order.
+/// Returns the jobs and the names of those added as prerequisites.
+pub fn select(jobs: Vec<Job>, only: &[String]) -> (Vec<Job>, Vec<String>) {
+    let mut wanted: Vec<bool> = jobs.iter().map(|j| only.iter().any(|t| j.name.contains(t.as_str()))).collect();
+    let mut added = Vec::new();
+    // Prerequisites come earlier in a suite: one backward pass follows whole chains.
+    for i in (0..jobs.len()).rev() {
+        let JobKind::Meta { op, clients, .. } = jobs[i].kind else { continue };
+        let Some(need) = op.works_on(clients) else { continue };
+        if !wanted[i] {
+            continue;
+        }
+        let before = jobs[..i].iter().rposition(|j| matches!(j.kind, JobKind::Meta { op, clients: c, .. } if op == need && c == clients));
+        if let Some(k) = before {
+            if !wanted[k] {
+                wanted[k] = true;
+                added.push(jobs[k].name.clone());
+            }
+        }
+    }
+    added.reverse();
+    let jobs = jobs.into_iter().zip(wanted).filter_map(|(j, w)| w.then_some(j)).collect();
+    (jobs, added)
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -332,6 +370,36 @@ pub fn jobs(suite: &str, p: Params) -> Vec<Job> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn names(jobs: &[Job]) -> Vec<&str> {
+        jobs.iter().map(|j| j.name.as_str()).collect()
+    }
+
+    #[test]
+    fn selecting_a_metadata_job_brings_the_jobs_that_make_its_files() {
+        let only = |t: &[&str]| t.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let (jobs, added) = select(metadata(false), &only(&["remove 5000 files"]));
+        assert_eq!(
+            names(&jobs),
+            ["create 5000 files", "rename 5000 files", "remove 5000 files", "create 5000 files × 8 clients", "remove 5000 files × 8 clients"]
+        );
+        assert_eq!(added, ["create 5000 files", "rename 5000 files", "create 5000 files × 8 clients"]);
+
+        let (jobs, added) = select(metadata(false), &only(&["× 8 clients"]));
+        assert_eq!(names(&jobs), ["create 5000 files × 8 clients", "remove 5000 files × 8 clients"]);
+        assert!(added.is_empty());
+
+        let (jobs, added) = select(metadata(false), &only(&["rm -rf"]));
+        assert_eq!(names(&jobs), ["untar tree", "rm -rf tree"]);
+        assert_eq!(added, ["untar tree"]);
+
+        let (jobs, _) = select(metadata(false), &only(&["mkdir-tree"]));
+        assert_eq!(jobs.len(), 1);
+        // fio jobs have no prerequisites.
+        let (jobs, added) = select(cloud("standard", default_params("standard")), &only(&["1m read"]));
+        assert!(!jobs.is_empty() && jobs.iter().all(|j| j.name.contains("1m read")));
+        assert!(added.is_empty());
+    }
 
     #[test]
     fn standard_has_a_stable_write_job_that_asks_for_file_sync() {
