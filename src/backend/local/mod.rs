@@ -186,7 +186,7 @@ impl LocalFs {
                     export = %cfg.path.display(),
                     "the file system has no journal: each namespace change is made durable with syncfs, which costs more than a directory fsync"
                 );
-                Some(SyncGroup::default())
+                Some(SyncGroup::whole_fs())
             }
             sys::MetadataLog::Unknown if cfg.sync => {
                 tracing::warn!(

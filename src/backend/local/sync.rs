@@ -28,7 +28,8 @@ struct State {
     /// Whether a caller waiting for the next sync needs a full one.
     next_full: bool,
     /// The first sync that failed. Failures are sticky: once writeback failed the kernel
-    /// may have dropped the data, so no later sync can vouch for earlier writes.
+    /// may have dropped the data, so no later sync can vouch for earlier writes. (In a
+    /// [`SyncGroup::whole_fs`] group: the last sync that failed.)
     failed: Option<(u64, VfsError)>,
 }
 
@@ -36,9 +37,19 @@ struct State {
 pub struct SyncGroup {
     state: Mutex<State>,
     finished: Condvar,
+    /// Failures reach only the callers of the failed sync (see [`SyncGroup::whole_fs`]).
+    transient_failures: bool,
 }
 
 impl SyncGroup {
+    /// A group for `syncfs`, whose error may come from any file of the file system (one
+    /// the server never touched, or a momentarily full disk): it goes to the callers whose
+    /// changes that sync was to cover, and a later sync speaks for the changes after it.
+    /// A sticky failure would refuse every namespace change until restart.
+    pub fn whole_fs() -> Self {
+        Self { transient_failures: true, ..Self::default() }
+    }
+
     /// Returns once everything written to the file before this call is durable. `run`
     /// performs one sync of the given kind; it is called by at most one thread at a time.
     pub fn sync(&self, kind: SyncKind, run: impl Fn(SyncKind) -> VfsResult<()>) -> VfsResult<()> {
@@ -60,12 +71,19 @@ impl SyncGroup {
             st.running = false;
             st.finished = number;
             if let Err(e) = result {
-                st.failed.get_or_insert((number, e));
+                if self.transient_failures {
+                    st.failed = Some((number, e));
+                } else {
+                    st.failed.get_or_insert((number, e));
+                }
             }
             self.finished.notify_all();
         }
         match st.failed {
-            Some((first, e)) if first <= need => Err(e),
+            // The sync this caller needed, or one after it, failed: another caller may
+            // have run the next sync before this one woke up, so "after" is counted too.
+            Some((failed, e)) if self.transient_failures && failed >= need => Err(e),
+            Some((first, e)) if !self.transient_failures && first <= need => Err(e),
             _ => Ok(()),
         }
     }
@@ -145,5 +163,14 @@ mod tests {
         assert_eq!(group.sync(SyncKind::Data, |_| Err(VfsError::Io)), Err(VfsError::Io));
         // A later sync that succeeds cannot vouch for data the failed writeback dropped.
         assert_eq!(group.sync(SyncKind::Data, |_| Ok(())), Err(VfsError::Io));
+    }
+
+    #[test]
+    fn whole_fs_failures_reach_only_the_callers_of_the_failed_sync() {
+        let group = SyncGroup::whole_fs();
+        assert_eq!(group.sync(SyncKind::Full, |_| Err(VfsError::NoSpc)), Err(VfsError::NoSpc));
+        assert_eq!(group.sync(SyncKind::Full, |_| Ok(())), Ok(()));
+        assert_eq!(group.sync(SyncKind::Full, |_| Err(VfsError::Io)), Err(VfsError::Io));
+        assert_eq!(group.sync(SyncKind::Full, |_| Ok(())), Ok(()));
     }
 }
