@@ -70,6 +70,7 @@ cat /proc/sys/vm/dirty_expire_centisecs /proc/sys/vm/dirty_writeback_centisecs
 mkdir -p {export}
 mount -t ext4 /dev/vdb {export}
 grep ' {export} ' /proc/mounts
+{setup}
 mkdir -p {export}/.nasd-state
 cp /share/nasd /tmp/nasd
 echo "nasd-power: starting nasd" > /dev/console
@@ -241,8 +242,9 @@ class NetnsWriter(Writer):
 class PoweredGuest:
     """nasd serving the image from inside a guest; ``cut()`` is the power failure."""
 
-    def __init__(self, ns: Netns, img: Path, image: vm.Image, extra_args=()):
-        script = GUEST_SCRIPT.format(export=EXPORT, port=PORT, extra=" ".join(extra_args))
+    def __init__(self, ns: Netns, img: Path, image: vm.Image, extra_args=(), setup=":"):
+        script = GUEST_SCRIPT.format(export=EXPORT, port=PORT, extra=" ".join(extra_args),
+                                     setup=setup)
         self.guest = vm.Guest(script, ns, mem=GUEST_MEM, image=image,
                               files={"nasd": default_binary()},
                               drives=[img], hostfwd=[(PORT, PORT)])
@@ -301,15 +303,29 @@ class PoweredGuest:
 
 
 # ----------------------------------------------------------------------------- tests
-NO_JOURNAL_WARNING = "the file system has no journal"
+# How nasd makes namespace changes durable, as its warning at start names it.
+NAMESPACE_SYNC = {
+    "directory fsync": None,
+    "block device fsync": "the file system has no journal: each namespace change is made "
+                          "durable by an fsync of its block device",
+    "syncfs": "the file system has no journal and its block device cannot be opened: each "
+              "namespace change is made durable with syncfs",
+}
 
 
-@pytest.mark.parametrize("journal", [True, False], ids=["journal", "no-journal"])
-def test_power_cut_trials_lose_nothing_acknowledged(guest_image, netns, workdir, journal):
+@pytest.mark.parametrize("journal,setup,expect", [
+    (True, ":", "directory fsync"),
+    (False, ":", "block device fsync"),
+    # Without the device node nasd cannot open the block device and falls back.
+    (False, "rm /dev/vdb", "syncfs"),
+], ids=["journal", "no-journal", "no-journal-syncfs"])
+def test_power_cut_trials_lose_nothing_acknowledged(guest_image, netns, workdir, journal,
+                                                    setup, expect):
     """`sync` (the default): after every power cut, every byte nasd acknowledged as
     stable (FILE_SYNC/DATA_SYNC replies, COMMITs, truncates) and every acknowledged
     CREATE/RENAME/REMOVE is on the disk image. Also on ext4 made without a journal,
-    where a directory fsync is not enough (nasd must notice and use syncfs)."""
+    where a directory fsync is not enough: nasd must notice and flush the block
+    device's metadata, or the whole file system where it cannot open the device."""
     img = make_disk(workdir / "disk.img", journal=journal)
     oplog = workdir / "ops.jsonl"
     fscklog = workdir / "e2fsck.log"
@@ -318,7 +334,7 @@ def test_power_cut_trials_lose_nothing_acknowledged(guest_image, netns, workdir,
     rows, problems, verfs = [], [], []
     t_start = time.monotonic()
     for t in range(TRIALS):
-        with PoweredGuest(netns, img, guest_image) as pg:
+        with PoweredGuest(netns, img, guest_image, setup=setup) as pg:
             w = NetnsWriter(netns, PORT, EXPORT, m, str(oplog), SEED * 1000 + t)
             w.start()
             end = time.monotonic() + 120
@@ -334,10 +350,10 @@ def test_power_cut_trials_lose_nothing_acknowledged(guest_image, netns, workdir,
             assert w.failure is None, f"trial {t}: {w.failure}\n{pg.logs()}"
             nasd_log = pg.logs()
             boot = pg.boot_seconds
-            warned = NO_JOURNAL_WARNING in pg.guest.read("stderr")
-            assert warned != journal, \
-                f"trial {t}: nasd {'warned' if warned else 'did not warn'} of a missing " \
-                f"journal on a file system {'with' if journal else 'without'} one\n{nasd_log}"
+            stderr = pg.guest.read("stderr")
+            used = [k for k, text in NAMESPACE_SYNC.items() if text and text in stderr]
+            assert used == ([] if expect == "directory fsync" else [expect]), \
+                f"trial {t}: expected nasd to use {expect}, its warnings name {used}\n{nasd_log}"
         verfs.append(w.verfs)
         rc = e2fsck(img, fscklog)
         view = ImageView(img, workdir, NFILES)

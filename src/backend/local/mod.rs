@@ -81,6 +81,39 @@ impl Drop for Modifying<'_> {
     }
 }
 
+/// How namespace changes are made durable on a file system without a journal, where a
+/// directory's `fsync` leaves the allocation bitmaps and group descriptors behind.
+struct FsSync {
+    /// Concurrent changes share one flush.
+    group: SyncGroup,
+    /// The file system's block device: its `fsync` writes the metadata alone. Without it,
+    /// `syncfs`, which also writes every file's dirty data, so a namespace change waits
+    /// for the writeback of whatever another client wrote UNSTABLE.
+    device: Option<OwnedFd>,
+}
+
+impl FsSync {
+    fn open(export: &Path, dev: u64) -> Self {
+        let device = match sys::open_block_device(dev) {
+            Ok((fd, path)) => {
+                tracing::warn!(
+                    export = %export.display(), device = %path,
+                    "the file system has no journal: each namespace change is made durable by an fsync of its block device (all its metadata), which costs more than a directory fsync"
+                );
+                Some(fd)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    export = %export.display(), error = %e,
+                    "the file system has no journal and its block device cannot be opened: each namespace change is made durable with syncfs, which also waits for all dirty file data"
+                );
+                None
+            }
+        };
+        Self { group: SyncGroup::whole_fs(), device }
+    }
+}
+
 pub struct LocalFs {
     root_fd: OwnedFd,
     root_id: ObjectId,
@@ -92,8 +125,9 @@ pub struct LocalFs {
     fsid: u64,
     sync: bool,
     /// Set where the file system has no journal: namespace changes are then made durable
-    /// by `syncfs`, shared by concurrent changes, instead of the directory's `fsync`.
-    fs_sync: Option<SyncGroup>,
+    /// for the whole file system, shared by concurrent changes, instead of by the
+    /// directory's `fsync`.
+    fs_sync: Option<FsSync>,
     verifier: [u8; 8],
     cache: ObjectCache,
     /// Handles of inodes seen before, so listing them again costs no `name_to_handle_at`.
@@ -181,13 +215,7 @@ impl LocalFs {
         rand::Rng::fill(&mut rand::thread_rng(), &mut verifier);
         let max_file_size = sys::max_file_size(root_fd.as_raw_fd());
         let fs_sync = match sys::metadata_log(root_fd.as_raw_fd(), st.st_dev) {
-            sys::MetadataLog::NoJournal if cfg.sync => {
-                tracing::warn!(
-                    export = %cfg.path.display(),
-                    "the file system has no journal: each namespace change is made durable with syncfs, which costs more than a directory fsync"
-                );
-                Some(SyncGroup::whole_fs())
-            }
+            sys::MetadataLog::NoJournal if cfg.sync => Some(FsSync::open(&cfg.path, st.st_dev)),
             sys::MetadataLog::Unknown if cfg.sync => {
                 tracing::warn!(
                     export = %cfg.path.display(),
@@ -400,8 +428,11 @@ impl LocalFs {
         if !self.sync {
             return Ok(());
         }
-        if let Some(group) = &self.fs_sync {
-            return group.sync(SyncKind::Full, |_| sys::syncfs(&self.root_fd));
+        if let Some(fs) = &self.fs_sync {
+            return fs.group.sync(SyncKind::Full, |_| match &fs.device {
+                Some(device) => sys::fsync(device),
+                None => sys::syncfs(&self.root_fd),
+            });
         }
         for (dir, attr) in dirs {
             self.make_durable(cred, dir, attr, SyncKind::Full)?;

@@ -293,7 +293,7 @@ pub enum MetadataLog {
     Journal,
     /// No journal: `fsync` writes the directory and inode but not the bitmaps and group
     /// descriptors, and after a crash `fsck` may take a new inode for a free one and drop
-    /// its entry. Only `syncfs` covers the change.
+    /// its entry. `syncfs`, or an `fsync` of the block device, covers the change.
     NoJournal,
     /// Could not tell (treated like `Journal`, with a warning).
     Unknown,
@@ -313,16 +313,35 @@ pub fn metadata_log(fd: RawFd, dev: u64) -> MetadataLog {
     match sfs.f_type as i64 {
         MSDOS_SUPER_MAGIC | EXFAT_SUPER_MAGIC => MetadataLog::NoJournal,
         // ext2, ext3 and ext4 share the magic; ext4 also mounts without a journal.
-        EXT_SUPER_MAGIC => {
-            let (major, minor) = (libc::major(dev), libc::minor(dev));
-            let uevent = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/uevent"));
-            match uevent.ok().as_deref().and_then(devname_from_uevent) {
-                Some(name) => ext_journal(name, std::path::Path::new("/proc/fs")),
-                None => MetadataLog::Unknown,
-            }
-        }
+        EXT_SUPER_MAGIC => match block_device_name(dev) {
+            Some(name) => ext_journal(&name, std::path::Path::new("/proc/fs")),
+            None => MetadataLog::Unknown,
+        },
         _ => MetadataLog::Journal,
     }
+}
+
+/// The kernel's name of block device `dev`, from sysfs.
+fn block_device_name(dev: u64) -> Option<String> {
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let uevent = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/uevent")).ok()?;
+    devname_from_uevent(&uevent).map(str::to_string)
+}
+
+/// Opens block device `dev` read-only, for `fsync`: that writes back the device's buffer
+/// cache, which holds ext2/3/4's metadata (directory blocks, inode tables, bitmaps, group
+/// descriptors) but not file data, and flushes the disk's cache.
+pub fn open_block_device(dev: u64) -> std::io::Result<(OwnedFd, String)> {
+    use std::io::{Error, ErrorKind};
+    let name = block_device_name(dev).ok_or_else(|| Error::new(ErrorKind::NotFound, "no name in sysfs"))?;
+    let path = format!("/dev/{name}");
+    let c = CString::new(path.as_str()).map_err(|_| Error::new(ErrorKind::InvalidInput, "NUL in device name"))?;
+    let fd = openat(libc::AT_FDCWD, &c, libc::O_RDONLY | libc::O_NONBLOCK, 0).map_err(|e| Error::other(format!("{path}: {e}")))?;
+    let st = fstat(fd.as_raw_fd()).map_err(|e| Error::other(format!("{path}: {e}")))?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFBLK || st.st_rdev != dev {
+        return Err(Error::other(format!("{path} is not the file system's block device")));
+    }
+    Ok((fd, path))
 }
 
 /// The kernel's name of a block device (`vda`, `dm-0`) from its sysfs `uevent` file.
