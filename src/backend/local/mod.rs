@@ -93,6 +93,15 @@ struct FsSync {
 }
 
 impl FsSync {
+    /// Makes every metadata change made so far durable, sharing the flush with
+    /// concurrent callers.
+    fn flush(&self, root: &OwnedFd) -> VfsResult<()> {
+        self.group.sync(SyncKind::Full, |_| match &self.device {
+            Some(device) => sys::fsync(device),
+            None => sys::syncfs(root),
+        })
+    }
+
     fn open(export: &Path, dev: u64) -> Self {
         let device = match sys::open_block_device(dev) {
             Ok((fd, path)) => {
@@ -429,10 +438,7 @@ impl LocalFs {
             return Ok(());
         }
         if let Some(fs) = &self.fs_sync {
-            return fs.group.sync(SyncKind::Full, |_| match &fs.device {
-                Some(device) => sys::fsync(device),
-                None => sys::syncfs(&self.root_fd),
-            });
+            return fs.flush(&self.root_fd);
         }
         for (dir, attr) in dirs {
             self.make_durable(cred, dir, attr, SyncKind::Full)?;
@@ -447,7 +453,15 @@ impl LocalFs {
         obj.sync.sync(kind, |kind| match kind {
             SyncKind::Data => sys::fdatasync(&fd),
             SyncKind::Full => sys::fsync(&fd),
-        })
+        })?;
+        if let Some(fs) = &self.fs_sync {
+            // Without a journal, kernels before the 2025 fix of ext4's no-journal fsync
+            // leave the inode table block behind when the inode was changed without being
+            // marked dirty, as when writeback allocates the blocks of a hole: the data is
+            // on disk, the extent that points to it is not.
+            fs.flush(&self.root_fd)?;
+        }
+        Ok(())
     }
 
     /// An UNSTABLE write on a thread that must not wait for the disk.
