@@ -81,8 +81,9 @@ impl Drop for Modifying<'_> {
     }
 }
 
-/// How namespace changes are made durable on a file system without a journal, where a
-/// directory's `fsync` leaves the allocation bitmaps and group descriptors behind.
+/// How changes are made durable on a file system without a journal, where a directory's
+/// `fsync` leaves the allocation bitmaps and group descriptors behind (and older kernels'
+/// file `fsync` the inode table block).
 struct FsSync {
     /// Concurrent changes share one flush.
     group: SyncGroup,
@@ -135,7 +136,7 @@ pub struct LocalFs {
     sync: bool,
     /// Set where the file system has no journal: namespace changes are then made durable
     /// for the whole file system, shared by concurrent changes, instead of by the
-    /// directory's `fsync`.
+    /// directory's `fsync`, and data syncs are followed by the same flush.
     fs_sync: Option<FsSync>,
     verifier: [u8; 8],
     cache: ObjectCache,
