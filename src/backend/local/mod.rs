@@ -108,14 +108,14 @@ impl FsSync {
             Ok((fd, path)) => {
                 tracing::warn!(
                     export = %export.display(), device = %path,
-                    "the file system has no journal: each namespace change is made durable by an fsync of its block device (all its metadata), which costs more than a directory fsync"
+                    "the file system has no journal: each namespace change is made durable by an fsync of its block device (all its metadata), which costs more than a directory fsync; stable writes and COMMITs are followed by the same flush"
                 );
                 Some(fd)
             }
             Err(e) => {
                 tracing::warn!(
                     export = %export.display(), error = %e,
-                    "the file system has no journal and its block device cannot be opened: each namespace change is made durable with syncfs, which also waits for all dirty file data"
+                    "the file system has no journal and its block device cannot be opened: each namespace change is made durable with syncfs, which also waits for all dirty file data; stable writes and COMMITs are followed by the same flush"
                 );
                 None
             }
