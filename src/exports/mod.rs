@@ -7,8 +7,12 @@ mod squash;
 pub use parse::{parse_exports, ExportsError};
 pub use squash::squash;
 
-use std::net::IpAddr;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::net::{IpAddr, ToSocketAddrs};
 use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Squash {
@@ -125,28 +129,94 @@ fn reverse_name(ip: IpAddr) -> Option<String> {
     Some(unsafe { CStr::from_ptr(host.as_ptr()) }.to_string_lossy().into_owned())
 }
 
+/// The addresses a name resolves to now.
+fn forward_addresses(name: &str) -> Vec<IpAddr> {
+    (name, 0).to_socket_addrs().map(|addrs| addrs.map(|a| canonical_ip(a.ip())).collect()).unwrap_or_default()
+}
+
+/// The client's name for wildcard rules: its reverse name, but only if that name also
+/// resolves back to the client (as mountd checks), since whoever controls the reverse zone
+/// of an address can give it any name.
+fn confirmed_name(
+    client: IpAddr,
+    reverse: impl Fn(IpAddr) -> Option<String>,
+    forward: impl Fn(&str) -> Vec<IpAddr>,
+) -> Option<String> {
+    let name = reverse(client)?;
+    if forward(&name).contains(&client) {
+        Some(name)
+    } else {
+        tracing::warn!(%client, %name, "the client's reverse name does not resolve back to it; wildcard rules do not match it");
+        None
+    }
+}
+
+/// How long a client's confirmed name (or its lack of one) is reused. Rules are checked
+/// on every call, and a resolver can take seconds to answer.
+const NAME_TTL: Duration = Duration::from_secs(60);
+const NAME_CACHE_ENTRIES: usize = 4096;
+
+/// [`confirmed_name`] through the system resolver, cached for [`NAME_TTL`].
+fn client_name(client: IpAddr) -> Option<String> {
+    static NAMES: OnceLock<Mutex<HashMap<IpAddr, (Option<String>, Instant)>>> = OnceLock::new();
+    let names = NAMES.get_or_init(Default::default);
+    if let Some((name, at)) = names.lock().get(&client) {
+        if at.elapsed() < NAME_TTL {
+            return name.clone();
+        }
+    }
+    // Resolved without the lock: one slow lookup must not hold up every other client.
+    let name = confirmed_name(client, reverse_name, forward_addresses);
+    let mut names = names.lock();
+    if names.len() >= NAME_CACHE_ENTRIES {
+        names.clear();
+    }
+    names.insert(client, (name.clone(), Instant::now()));
+    name
+}
+
+/// Keeps the higher-ranked rule; on a tie the earlier one.
+fn prefer<'a>(best: &mut Option<(u32, &'a ExportOptions)>, rank: u32, options: &'a ExportOptions) {
+    if best.map_or(true, |(b, _)| rank > b) {
+        *best = Some((rank, options));
+    }
+}
+
+/// Rank of a wildcard match: below an address or host, above any network.
+const WILDCARD_RANK: u32 = 500;
+
 impl Export {
     /// The options for a client, or `None` if no rule admits it. The most specific rule
     /// wins, as in knfsd: address or host, then wildcard, then the longest network, then
     /// `*`.
     pub fn options_for(&self, client: IpAddr) -> Option<&ExportOptions> {
+        self.options_with_name(client, client_name)
+    }
+
+    /// [`Self::options_for`] with the client's name (for wildcard rules) from `name`, which
+    /// is asked only when a wildcard rule could still win.
+    fn options_with_name(&self, client: IpAddr, name: impl FnOnce(IpAddr) -> Option<String>) -> Option<&ExportOptions> {
         let mut best: Option<(u32, &ExportOptions)> = None;
-        let mut reverse: Option<Option<String>> = None;
         for rule in &self.rules {
             let rank = match &rule.spec {
                 ClientSpec::Address(a) if *a == client => Some(1000),
                 ClientSpec::Host(_, addrs) if addrs.contains(&client) => Some(1000),
-                ClientSpec::Wildcard(p) => {
-                    let name = reverse.get_or_insert_with(|| reverse_name(client));
-                    name.as_deref().filter(|n| glob_match(p.as_bytes(), n.as_bytes())).map(|_| 500)
-                }
                 ClientSpec::Network(n, prefix) if ip_in_network(client, *n, *prefix) => Some(*prefix as u32 + 1),
                 ClientSpec::Anyone => Some(0),
                 _ => None,
             };
             if let Some(rank) = rank {
-                if best.map_or(true, |(b, _)| rank > b) {
-                    best = Some((rank, &rule.options));
+                prefer(&mut best, rank, &rule.options);
+            }
+        }
+        let wildcards = || self.rules.iter().filter_map(|r| match &r.spec {
+            ClientSpec::Wildcard(p) => Some((p, &r.options)),
+            _ => None,
+        });
+        if best.map_or(true, |(b, _)| b < WILDCARD_RANK) && wildcards().next().is_some() {
+            if let Some(name) = name(client) {
+                if let Some((_, options)) = wildcards().find(|(p, _)| glob_match(p.as_bytes(), name.as_bytes())) {
+                    prefer(&mut best, WILDCARD_RANK, options);
                 }
             }
         }
@@ -219,6 +289,38 @@ mod tests {
         assert!(only_net.options_for("127.5.5.5".parse().unwrap()).is_some());
         assert!(only_net.options_for("128.0.0.1".parse().unwrap()).is_none());
         assert!(only_net.options_for("::1".parse().unwrap()).is_none());
+    }
+
+    #[test]
+    fn wildcards_match_only_confirmed_names_and_only_when_they_could_win() {
+        let client: IpAddr = "10.1.2.3".parse().unwrap();
+        let other: IpAddr = "10.9.9.9".parse().unwrap();
+        let named = |name: &'static str| move |_: IpAddr| Some(name.to_string());
+        // The reverse name must resolve back to the client.
+        assert_eq!(confirmed_name(client, named("a.trusted.lab"), |_| vec![other, client]), Some("a.trusted.lab".into()));
+        assert_eq!(confirmed_name(client, named("a.trusted.lab"), |_| vec![other]), None);
+        assert_eq!(confirmed_name(client, |_| None, |_| vec![client]), None);
+
+        let e = Export {
+            id: 1,
+            path: "/srv".into(),
+            rules: vec![
+                rule(ClientSpec::Anyone, true),
+                rule(ClientSpec::Wildcard("*.trusted.lab".into()), false),
+                rule(ClientSpec::Address("10.5.5.5".parse().unwrap()), true),
+            ],
+        };
+        assert!(!e.options_with_name(client, named("a.trusted.lab")).unwrap().read_only);
+        assert!(e.options_with_name(client, named("a.other.lab")).unwrap().read_only);
+        assert!(e.options_with_name(client, |_| None).unwrap().read_only);
+        // An address rule outranks any wildcard: no name lookup at all.
+        let asked = std::cell::Cell::new(false);
+        let ask = |_| {
+            asked.set(true);
+            Some("x.trusted.lab".to_string())
+        };
+        assert!(e.options_with_name("10.5.5.5".parse().unwrap(), ask).unwrap().read_only);
+        assert!(!asked.get(), "looked up the name of a client an address rule decides");
     }
 
     #[test]

@@ -14,6 +14,9 @@ use std::sync::Arc;
 pub const PROGRAM: u32 = 100005;
 pub const VERSION: u32 = 3;
 const MNTPATHLEN: usize = 1024;
+/// Mounts DUMP lists per client address, and in all.
+const MOUNTS_PER_CLIENT: usize = 64;
+const MOUNTS_LISTED: usize = 4096;
 const AUTH_SYS: u32 = 1;
 
 pub mod proc {
@@ -101,7 +104,7 @@ impl Mount3 {
                 out.u32(AUTH_SYS);
                 let path = String::from_utf8_lossy(path).into_owned();
                 tracing::info!(client = %ctx.peer, path, "mounted");
-                self.state.mounts.lock().insert((ctx.peer.ip().to_string(), path));
+                self.remember_mount(ctx.peer.ip().to_string(), path);
             }
             Err(status) => {
                 tracing::info!(client = %ctx.peer, path = %String::from_utf8_lossy(path), ?status, "mount refused");
@@ -138,6 +141,23 @@ impl Mount3 {
             return Err(MountStatus::NotDir);
         }
         Ok(self.state.file_handle(rt, &obj))
+    }
+
+    /// Adds a mount to the list DUMP reports. The list is informational (clients do not
+    /// rely on it), so past a bound per client and in all, new mounts are left out of it
+    /// rather than let one client grow it without limit.
+    fn remember_mount(&self, host: String, path: String) {
+        let mut mounts = self.state.mounts.lock();
+        let key = (host, path);
+        if mounts.contains(&key) {
+            return;
+        }
+        let of_client = mounts.range((key.0.clone(), String::new())..).take_while(|(h, _)| *h == key.0).count();
+        if of_client >= MOUNTS_PER_CLIENT || mounts.len() >= MOUNTS_LISTED {
+            tracing::debug!(client = %key.0, path = %key.1, "mount list full; this mount is not listed");
+            return;
+        }
+        mounts.insert(key);
     }
 
     fn dump(&self, out: &mut XdrWriter) {

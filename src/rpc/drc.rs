@@ -69,8 +69,12 @@ pub struct DuplicateRequestCache {
 
 #[derive(Default)]
 struct Inner {
-    entries: HashMap<DrcKey, Entry>,
-    order: VecDeque<DrcKey>,
+    /// Each entry with the number of its insertion.
+    entries: HashMap<DrcKey, (Entry, u64)>,
+    /// Insertions, oldest first. A key abandoned and begun again is here twice; only the
+    /// copy whose number its entry still carries may evict it.
+    order: VecDeque<(DrcKey, u64)>,
+    inserted: u64,
 }
 
 impl DuplicateRequestCache {
@@ -80,7 +84,7 @@ impl DuplicateRequestCache {
 
     pub fn begin(&self, key: &DrcKey) -> Lookup {
         let mut inner = self.inner.lock();
-        match inner.entries.get(key) {
+        match inner.entries.get(key).map(|(e, _)| e) {
             Some(Entry::InProgress) => {
                 self.hits.fetch_add(1, Ordering::Relaxed);
                 Lookup::InProgress
@@ -92,14 +96,23 @@ impl DuplicateRequestCache {
             None => {
                 while inner.entries.len() >= self.capacity {
                     match inner.order.pop_front() {
-                        Some(old) => {
-                            inner.entries.remove(&old);
+                        Some((old, number)) => {
+                            if inner.entries.get(&old).is_some_and(|(_, n)| *n == number) {
+                                inner.entries.remove(&old);
+                            }
                         }
                         None => break,
                     }
                 }
-                inner.entries.insert(key.clone(), Entry::InProgress);
-                inner.order.push_back(key.clone());
+                // Abandoned keys leave stale copies behind; drop them before they pile up.
+                if inner.order.len() >= 2 * self.capacity {
+                    let Inner { entries, order, .. } = &mut *inner;
+                    order.retain(|(k, n)| entries.get(k).is_some_and(|(_, m)| m == n));
+                }
+                inner.inserted += 1;
+                let number = inner.inserted;
+                inner.entries.insert(key.clone(), (Entry::InProgress, number));
+                inner.order.push_back((key.clone(), number));
                 Lookup::New
             }
         }
@@ -107,7 +120,7 @@ impl DuplicateRequestCache {
 
     pub fn complete(&self, key: &DrcKey, reply: Arc<Reply>) {
         let mut inner = self.inner.lock();
-        if let Some(e) = inner.entries.get_mut(key) {
+        if let Some((e, _)) = inner.entries.get_mut(key) {
             *e = Entry::Done(reply);
         }
     }
@@ -115,7 +128,7 @@ impl DuplicateRequestCache {
     /// Forgets a call that produced no reply, so a retransmit runs it.
     pub fn abandon(&self, key: &DrcKey) {
         let mut inner = self.inner.lock();
-        if matches!(inner.entries.get(key), Some(Entry::InProgress)) {
+        if matches!(inner.entries.get(key), Some((Entry::InProgress, _))) {
             inner.entries.remove(key);
         }
     }
@@ -171,5 +184,38 @@ mod tests {
         assert_eq!(drc.begin(&k), Lookup::New);
         drc.abandon(&k);
         assert_eq!(drc.begin(&k), Lookup::New);
+    }
+
+    #[test]
+    fn an_abandoned_and_restarted_call_keeps_its_place() {
+        let drc = DuplicateRequestCache::new(3);
+        let k = key(1, b"write");
+        assert_eq!(drc.begin(&k), Lookup::New);
+        assert_eq!(drc.begin(&key(2, b"a")), Lookup::New);
+        // k would have blocked: abandoned and begun again, so it is now newer than 2.
+        drc.abandon(&k);
+        assert_eq!(drc.begin(&k), Lookup::New);
+        drc.complete(&k, reply(vec![7]));
+        assert_eq!(drc.begin(&key(3, b"a")), Lookup::New);
+        // Full: the next call evicts the oldest live entry, 2, not k through the stale
+        // place of its first insertion.
+        assert_eq!(drc.begin(&key(4, b"a")), Lookup::New);
+        assert_eq!(drc.begin(&k), Lookup::Replay(reply(vec![7])), "evicted through its stale place");
+        assert_eq!(drc.begin(&key(2, b"a")), Lookup::New, "2 was the oldest");
+    }
+
+    #[test]
+    fn abandoned_calls_do_not_grow_the_eviction_order() {
+        let drc = DuplicateRequestCache::new(8);
+        // Calls that produce no reply are abandoned; the cache never fills, so nothing
+        // is evicted, yet their places in the eviction order must not pile up.
+        for x in 0..10_000 {
+            let k = key(x, b"w");
+            assert_eq!(drc.begin(&k), Lookup::New);
+            drc.abandon(&k);
+        }
+        let order = drc.inner.lock().order.len();
+        assert!(order <= 2 * 8, "the eviction order holds {order} places for an empty cache");
+        assert!(drc.is_empty());
     }
 }

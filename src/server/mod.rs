@@ -95,8 +95,15 @@ impl Server {
                 return Err(UsageError(format!("export {} is not a directory", export.path.display())).into());
             }
             // All clients of an export share one backend, so durability is per export:
-            // it is `async` if any of its client rules says so.
-            let sync = export.rules.iter().all(|r| r.options.sync);
+            // `async` only if every client rule says so. Data a client was told is safe
+            // must be, whatever another client's rule asks for.
+            let sync = !export.rules.iter().all(|r| !r.options.sync) || export.rules.is_empty();
+            if sync && export.rules.iter().any(|r| !r.options.sync) {
+                tracing::warn!(
+                    export = %export.path.display(),
+                    "some clients of this export are 'async' and others 'sync': all are served 'sync'"
+                );
+            }
             let vfs = LocalFs::open(&LocalConfig {
                 path: export.path.clone(),
                 fsid: export.id as u64,

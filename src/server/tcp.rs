@@ -257,6 +257,11 @@ impl ReplySink {
                 Ok(()) if unsent.is_empty() => continue,
                 Ok(()) => {
                     let mut st = self.state.lock();
+                    if st.closed {
+                        // Closed while this batch was out of the queue: drop it too.
+                        st.queue.clear();
+                        return Sent::Failed;
+                    }
                     for o in unsent.into_iter().rev() {
                         st.queue.push_front(o);
                     }
@@ -360,8 +365,16 @@ impl ReplySink {
             }
         }
     }
+    /// Marks the connection closed and drops the replies still queued, which frees their
+    /// request slots: a client that stopped reading must not keep them (the connection's
+    /// reader may be waiting for one, and the global ones are every client's).
     fn close(&self) {
-        self.state.lock().closed = true;
+        let unsent = {
+            let mut st = self.state.lock();
+            st.closed = true;
+            std::mem::take(&mut st.queue)
+        };
+        drop(unsent);
         self.wake_writer.notify_one();
     }
 }
@@ -451,7 +464,17 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
     let result = loop {
         // Take both slots before reading, so a connection cannot read more requests than
         // it may run: this is the back-pressure that bounds memory.
-        let conn_slot = batch.flush_before_waiting(conn_slots.clone().acquire_owned()).await.expect("never closed");
+        // Each wait below also ends when the writer task does: it has given up on a client
+        // that stopped reading, and the connection is over.
+        let conn_slot = batch
+            .flush_before_waiting(async {
+                tokio::select! {
+                    slot = conn_slots.clone().acquire_owned() => Some(slot.expect("never closed")),
+                    _ = &mut writer => None,
+                }
+            })
+            .await;
+        let Some(conn_slot) = conn_slot else { break Ok(()) };
         // But take the global slot only once the next record has begun to arrive: an idle
         // connection must not hold a slot every other client needs (otherwise
         // max_requests_in_flight idle connections stop the server for everyone).
@@ -479,8 +502,15 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
         if let Some(started) = wait_started {
             last_wait = Some(started.elapsed());
         }
-        let global_slot =
-            batch.flush_before_waiting(shared.global_requests.clone().acquire_owned()).await.expect("never closed");
+        let global_slot = batch
+            .flush_before_waiting(async {
+                tokio::select! {
+                    slot = shared.global_requests.clone().acquire_owned() => Some(slot.expect("never closed")),
+                    _ = &mut writer => None,
+                }
+            })
+            .await;
+        let Some(global_slot) = global_slot else { break Ok(()) };
         let mut record = shared.record_pool.take();
         let read = batch
             .flush_before_waiting(async {

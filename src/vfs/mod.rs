@@ -316,6 +316,7 @@ pub trait Vfs: Send + Sync {
     ) -> VfsResult<ReadDirEnd>;
     fn fsstat(&self, cred: &Cred, obj: &ObjectId) -> VfsResult<(FsStat, Attr)>;
     fn pathconf(&self) -> PathConf;
-    /// Changes on every server start so clients resend uncommitted writes.
+    /// Changes on every server start, and whenever the backend can no longer vouch for
+    /// UNSTABLE writes it acknowledged (a failed sync), so clients resend uncommitted writes.
     fn write_verifier(&self) -> [u8; 8];
 }

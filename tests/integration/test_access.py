@@ -229,3 +229,26 @@ def test_exports_per_client_options_and_exports5_defaults(tmp_path):
         "127.0.1.5/priv": ("create", 0, 65534),           # root_squash by default
         "127.0.2.1": ("mnt", rpc.MNT3ERR_ACCES),          # no matching client
     }
+
+
+def test_an_export_with_sync_and_async_clients_serves_all_sync(tmp_path):
+    """One backend serves all clients of an export, so it cannot be async for one client
+    and sync for another: a client told its data is safe must not lose it because
+    another client's rule says async. nasd serves them all sync and says so."""
+    export = make_export(tmp_path)
+    ex = write_exports(tmp_path, [
+        f"{export} 127.0.0.1(rw,insecure,no_root_squash,async) 127.0.0.2(rw,insecure,no_root_squash,sync)"])
+    with Nasd(exports_file=ex) as n:
+        for ip in ("127.0.0.1", "127.0.0.2"):
+            with Nfs3Client(n.host, n.port, src_addr=ip, cred=ROOT) as c:
+                root = c.root(str(export))
+                fh = c.create(root, f"f{ip}").fh
+                r = c.write(fh, 0, b"x" * 4096, stable="unstable")
+                assert r.ok
+                # An async export would claim FILE_SYNC for an UNSTABLE write.
+                assert r.committed == 0, f"{ip}: UNSTABLE write answered with stable_how {r.committed}"
+        assert "are served 'sync'" in n.log()
+    only_async = write_exports(tmp_path, [f"{export} 127.0.0.1(rw,insecure,no_root_squash,async)"])
+    with Nasd(exports_file=only_async) as n, Nfs3Client(n.host, n.port, cred=ROOT) as c:
+        fh = c.create(c.root(str(export)), "g").fh
+        assert c.write(fh, 0, b"y" * 4096, stable="unstable").committed == 2

@@ -226,6 +226,34 @@ def test_subdirectory_export_dotdot_stays_inside(tmp_path):
         assert up2.ok and up2.attr.fileid == sub_id
 
 
+def test_directory_moved_out_of_the_export_leads_nowhere(tmp_path):
+    """A client keeps the handle of a directory that is then moved out of the export (by
+    a local user here; a client of a wider export could do the same). Its `..` must not
+    lead to the directories above the export, whether the directory is still cached or
+    its handle is used after a restart."""
+    top = make_export(tmp_path, "X")
+    sub = top / "sub"
+    (sub / "d").mkdir(parents=True)
+    (top / "secret").write_bytes(b"must not be reachable")
+    ex = write_exports(tmp_path, [f"{sub} 127.0.0.1(rw,no_root_squash,insecure)"])
+    with Nasd(exports_file=ex) as n:
+        with Nfs3Client(n.host, n.port, cred=ROOT) as cl:
+            root = cl.root(str(sub))
+            d = cl.lookup(root, "d").fh
+            assert cl.lookup(d, "..").attr.fileid == os.stat(sub).st_ino
+            os.rename(sub / "d", top / "moved")
+            up = cl.lookup(d, "..")
+            assert up.status == rpc.NFS3ERR_STALE, f"`..` of a directory moved out gave nfsstat3 {up.status}"
+        n.restart()
+        with Nfs3Client(n.host, n.port, cred=ROOT) as cl:
+            r = cl.getattr(d)
+            assert r.status == rpc.NFS3ERR_STALE, f"the moved directory's handle gave nfsstat3 {r.status} after a restart"
+            # Moved back into the export, the same handle works again.
+            os.rename(top / "moved", sub / "d")
+            assert cl.getattr(d).ok
+            assert cl.lookup(d, "..").attr.fileid == os.stat(sub).st_ino
+
+
 def test_bind_mount_inside_export_is_not_crossed(srv, c, tmp_path):
     """A directory bind-mounted into the export from outside stays out of reach: LOOKUP
     of the mount point is refused, and so is MOUNT of a path through it."""

@@ -67,6 +67,26 @@ def test_dump_seen_over_udp_and_from_other_clients(srv):
     assert _mine(srv, ip) == []
 
 
+def test_one_client_cannot_grow_the_mount_list_without_bound(srv):
+    """Every spelling of a path is a new mount-list entry; past 64 per client nasd still
+    mounts but stops listing, so DUMP stays small and other clients are still listed."""
+    ip, other_ip = "127.0.0.8", "127.0.0.9"
+    with Nfs3Client(srv.host, srv.port, src_addr=ip, cred=ROOT) as c:
+        for i in range(200):
+            spelling = srv.export_dir + "/." * i
+            assert c.mnt(spelling).status == rpc.MNT3_OK, spelling
+        assert len(_mine(srv, ip)) == 64
+    try:
+        with Nfs3Client(srv.host, srv.port, src_addr=other_ip, cred=ROOT) as other:
+            assert other.mnt(srv.export_dir).status == rpc.MNT3_OK
+        assert _mine(srv, other_ip) == [srv.export_dir]
+    finally:
+        for addr in (ip, other_ip):
+            with Nfs3Client(srv.host, srv.port, src_addr=addr, cred=ROOT) as c:
+                c.umntall()
+    assert _mine(srv, ip) == []
+
+
 def test_umntall_clears_only_the_callers_mounts(srv):
     a, b = "127.0.0.4", "127.0.0.5"
     for ip in (a, b):

@@ -170,6 +170,69 @@ def test_client_never_reads_replies(server):
         s.close()
 
 
+def connection_was_closed(s, within=10.0) -> bool:
+    """Whether the server has closed its end of `s`: a call sent on it is answered with a
+    reset (reading alone would first drain whatever the server's kernel still holds)."""
+    try:
+        s.sendall(null_call(9))
+    except (BrokenPipeError, ConnectionResetError):
+        return True
+    s.settimeout(0.5)
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            if not s.recv(1 << 16):
+                return True
+        except ConnectionResetError:
+            return True
+        except socket.timeout:
+            pass
+    return False
+
+
+def test_connections_that_stop_reading_give_back_their_slots(tmp_path):
+    """Connections that pipeline more 1 MiB READs than they have request slots and never
+    read a reply hold every global slot, but only until the write timeout: nasd then
+    closes them, drops their unsent replies and serves everyone else again."""
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "big").write_bytes(os.urandom(1 << 20))
+    config = tmp_path / "nasd.toml"
+    write_timeout = 2
+    # Two such connections fill all 16 global slots; the third waits for one.
+    config.write_text("[limits]\nmax_requests_per_connection = 8\nmax_requests_in_flight = 16\n"
+                      f"write_timeout_secs = {write_timeout}\n")
+    with Nasd(export, args=["--no-root-squash", "--config", config]) as srv:
+        with Nfs3Client("127.0.0.1", srv.port, cred=auth_sys(0, 0)) as c:
+            root = c.root(str(export))
+            big = c.lookup(root, "big").fh
+        args = nfs3_args.read(big, 0, 1 << 20)
+        hogs = []
+        try:
+            for n in range(3):
+                s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                # 40 calls of ~150 bytes fit in the socket buffers: sendall cannot block.
+                s.sendall(b"".join(frame(build_call(100 * n + i, NFS_PROG, NFS_V3, 6, args, cred=auth_sys(0, 0)))
+                                   for i in range(40)))
+                hogs.append(s)
+            # The third gets its slots when the first two are closed, and is given up on
+            # one write timeout later.
+            time.sleep(2 * write_timeout + 3)
+            # Every slot holder has been given up on: a new client is answered at once.
+            with Nfs3Client("127.0.0.1", srv.port, cred=auth_sys(0, 0), timeout=5) as c:
+                assert c.getattr(root).status == NFS3_OK
+            for s in hogs:
+                # And nasd closed the connections that stopped reading. Its kernel may still
+                # be sending what the socket held, so the test writes: a closed socket
+                # answers with a reset.
+                assert connection_was_closed(s), "nasd kept a connection that stopped reading open"
+            assert srv.alive()
+        finally:
+            for s in hogs:
+                s.close()
+
+
 def test_garbage_burst(server):
     """100,000 garbage records (random bodies, valid record marks) in a burst over 4
     connections whose replies, if any, are drained. The records are made beforehand so

@@ -96,10 +96,17 @@ struct FsSync {
 impl FsSync {
     /// Makes every metadata change made so far durable, sharing the flush with
     /// concurrent callers.
-    fn flush(&self, root: &OwnedFd) -> VfsResult<()> {
-        self.group.sync(SyncKind::Full, |_| match &self.device {
-            Some(device) => sys::fsync(device),
-            None => sys::syncfs(root),
+    /// `on_failure` runs when a flush fails, before any caller learns the outcome.
+    fn flush(&self, root: &OwnedFd, on_failure: impl Fn()) -> VfsResult<()> {
+        self.group.sync(SyncKind::Full, |_| {
+            let flushed = match &self.device {
+                Some(device) => sys::fsync(device),
+                None => sys::syncfs(root),
+            };
+            if flushed.is_err() {
+                on_failure();
+            }
+            flushed
         })
     }
 
@@ -138,7 +145,9 @@ pub struct LocalFs {
     /// for the whole file system, shared by concurrent changes, instead of by the
     /// directory's `fsync`, and data syncs are followed by the same flush.
     fs_sync: Option<FsSync>,
-    verifier: [u8; 8],
+    /// The write verifier: new on every start, and after every failed sync
+    /// ([`Self::forget_unstable_writes`]).
+    verifier: AtomicU64,
     cache: ObjectCache,
     /// Handles of inodes seen before, so listing them again costs no `name_to_handle_at`.
     handles: HandleCache,
@@ -221,8 +230,7 @@ impl LocalFs {
                 cfg.path.display()
             )
         })?;
-        let mut verifier = [0u8; 8];
-        rand::Rng::fill(&mut rand::thread_rng(), &mut verifier);
+        let verifier = AtomicU64::new(rand::random());
         let max_file_size = sys::max_file_size(root_fd.as_raw_fd());
         let fs_sync = match sys::metadata_log(root_fd.as_raw_fd(), st.st_dev) {
             sys::MetadataLog::NoJournal if cfg.sync => Some(FsSync::open(&cfg.path, st.st_dev)),
@@ -280,7 +288,41 @@ impl LocalFs {
         if st.st_dev != self.root_dev {
             return Err(VfsError::Stale);
         }
+        // A file may be anywhere (knfsd's no_subtree_check); a directory must be in the
+        // export, or its `..` leads out of it.
+        if st.st_mode & libc::S_IFMT == libc::S_IFDIR && !self.as_root(cred, || self.dir_within_export(fd.as_raw_fd()))? {
+            tracing::debug!(ino = st.st_ino, "directory handle refused: the directory is no longer in the export");
+            return Err(VfsError::Stale);
+        }
         Ok(self.cache.insert(*id, CachedObject::new(fd)))
+    }
+
+    /// Whether the directory `fd` is the export root or below it now. A directory's
+    /// handle outlives a move out of the export (by a local user, or through another
+    /// export of the same file system), and from there `..` would reach the whole file
+    /// system. Walks up with one `openat` and one `fstat` per level; run as root.
+    fn dir_within_export(&self, fd: RawFd) -> VfsResult<bool> {
+        const MAX_DEPTH: usize = 4096;
+        let dotdot = CString::new("..").expect("no NUL");
+        let mut st = sys::fstat(fd)?;
+        let mut current: Option<OwnedFd> = None;
+        for _ in 0..MAX_DEPTH {
+            if st.st_dev != self.root_dev {
+                return Ok(false);
+            }
+            if st.st_ino == self.root_ino {
+                return Ok(true);
+            }
+            let parent = sys::openat(current.as_ref().map_or(fd, |f| f.as_raw_fd()), &dotdot, libc::O_PATH | libc::O_DIRECTORY, 0)?;
+            let parent_st = sys::fstat(parent.as_raw_fd())?;
+            if (parent_st.st_dev, parent_st.st_ino) == (st.st_dev, st.st_ino) {
+                // The file system's root, reached without passing the export's.
+                return Ok(false);
+            }
+            st = parent_st;
+            current = Some(parent);
+        }
+        Ok(false)
     }
 
     fn stat(&self, obj: &CachedObject) -> VfsResult<Attr> {
@@ -439,7 +481,7 @@ impl LocalFs {
             return Ok(());
         }
         if let Some(fs) = &self.fs_sync {
-            return fs.flush(&self.root_fd);
+            return fs.flush(&self.root_fd, || self.forget_unstable_writes());
         }
         for (dir, attr) in dirs {
             self.make_durable(cred, dir, attr, SyncKind::Full)?;
@@ -451,18 +493,40 @@ impl LocalFs {
     /// callers (group commit).
     fn make_durable(&self, cred: &Cred, obj: &CachedObject, attr: &Attr, kind: SyncKind) -> VfsResult<()> {
         let fd = self.io_fd(cred, obj, attr)?;
-        obj.sync.sync(kind, |kind| match kind {
-            SyncKind::Data => sys::fdatasync(&fd),
-            SyncKind::Full => sys::fsync(&fd),
+        // A failed sync changes the verifier before any caller learns the outcome: a sync
+        // that succeeds after it must not be answered with the old one.
+        obj.sync.sync(kind, |kind| {
+            let synced = match kind {
+                SyncKind::Data => sys::fdatasync(&fd),
+                SyncKind::Full => sys::fsync(&fd),
+            };
+            if synced.is_err() {
+                self.forget_unstable_writes();
+            }
+            synced
         })?;
         if let Some(fs) = &self.fs_sync {
             // Without a journal, kernels before the 2025 fix of ext4's no-journal fsync
             // leave the inode table block behind when the inode was changed without being
             // marked dirty, as when writeback allocates the blocks of a hole: the data is
             // on disk, the extent that points to it is not.
-            fs.flush(&self.root_fd)?;
+            fs.flush(&self.root_fd, || self.forget_unstable_writes())?;
         }
         Ok(())
+    }
+
+    /// After a failed sync nasd can no longer vouch for UNSTABLE writes to any file: the
+    /// kernel may have dropped their data, and it reports that once, to one caller (the
+    /// file's sticky failure lives only as long as its cache entry). A new write verifier
+    /// makes every client resend what it has not yet seen committed, as knfsd does.
+    fn forget_unstable_writes(&self) {
+        let old = self.verifier.load(Ordering::Relaxed);
+        let mut new = rand::random();
+        while new == old {
+            new = rand::random();
+        }
+        self.verifier.store(new, Ordering::Relaxed);
+        tracing::warn!(export_id = self.fsid, "a sync failed: new write verifier, so clients resend their uncommitted writes");
     }
 
     /// An UNSTABLE write on a thread that must not wait for the disk.
@@ -580,6 +644,10 @@ impl Vfs for LocalFs {
 
     fn lookup(&self, cred: &Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<(ObjectId, Attr)> {
         let (dobj, dattr) = self.resolve_dir(cred, dir)?;
+        // The directory may have been moved out of the export since it was cached.
+        if name == b".." && !self.is_root(&dattr) && !self.as_root(cred, || self.dir_within_export(dobj.path_fd.as_raw_fd()))? {
+            return Err(VfsError::Stale);
+        }
         self.lookup_entry(&dobj, &dattr, name)
     }
 
@@ -981,7 +1049,7 @@ impl Vfs for LocalFs {
     }
 
     fn write_verifier(&self) -> [u8; 8] {
-        self.verifier
+        self.verifier.load(Ordering::Relaxed).to_be_bytes()
     }
 }
 
