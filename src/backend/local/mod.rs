@@ -403,6 +403,15 @@ impl LocalFs {
         attr.fileid == self.root_ino
     }
 
+    /// The object an open descriptor (of a file just created) refers to, whatever its name
+    /// has become since.
+    fn open_created(&self, created: &OwnedFd) -> VfsResult<(ObjectId, Attr, OwnedFd)> {
+        let fd = sys::openat(libc::AT_FDCWD, &sys::proc_fd_path(created.as_raw_fd()), libc::O_PATH, 0)?;
+        let st = sys::statx(fd.as_raw_fd(), c"", libc::AT_EMPTY_PATH)?;
+        let id = self.handle_for(fd.as_raw_fd(), c"", libc::AT_EMPTY_PATH, &st, true)?;
+        Ok((id, sys::attr_from_statx(&st, self.fsid), fd))
+    }
+
     /// Opens `name` in `dir` without following symlinks; refuses other filesystems.
     fn open_entry(&self, dir: &CachedObject, name: &CString) -> VfsResult<(ObjectId, Attr, OwnedFd)> {
         let fd = sys::openat(dir.path_fd.as_raw_fd(), name, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
@@ -570,16 +579,22 @@ impl LocalFs {
     }
 
     /// Finishes a create-like operation: caches the new object, applies attributes and
-    /// makes the directory durable.
+    /// makes the directory durable. `created`: the descriptor that made the object, where
+    /// there is one; otherwise the object is found by name again, and a rename over that
+    /// name in between would hand back another object.
     fn finish_create(
         &self,
         cred: &Cred,
         dir: &CachedObject,
         dir_before: &Attr,
         name: &CString,
+        created: Option<OwnedFd>,
         attrs: Option<&SetAttrs>,
     ) -> VfsResult<Created> {
-        let (id, mut attr, fd) = self.open_entry(dir, name)?;
+        let (id, mut attr, fd) = match created {
+            Some(created) => self.open_created(&created)?,
+            None => self.open_entry(dir, name)?,
+        };
         if let Some(attrs) = attrs {
             // Mode was given at creation; ownership and times may still need setting.
             let rest = SetAttrs {
@@ -753,10 +768,7 @@ impl Vfs for LocalFs {
             CreateHow::Unchecked(attrs) | CreateHow::Guarded(attrs) => {
                 let mode = attrs.mode.unwrap_or(0o644) & 0o7777;
                 match sys::openat(dfd, &c, excl, mode) {
-                    Ok(fd) => {
-                        drop(fd);
-                        self.finish_create(cred, &dobj, &dattr, &c, Some(attrs))
-                    }
+                    Ok(fd) => self.finish_create(cred, &dobj, &dattr, &c, Some(fd), Some(attrs)),
                     Err(VfsError::Exist) if matches!(how, CreateHow::Unchecked(_)) => {
                         // UNCHECKED on an existing file opens it, applying only the size.
                         let (id, attr, fd) = self.open_entry(&dobj, &c)?;
@@ -784,8 +796,7 @@ impl Vfs for LocalFs {
                         // The verifier lives in atime/mtime until the client's SETATTR.
                         let times = [libc::timespec { tv_sec: a, tv_nsec: 0 }, libc::timespec { tv_sec: m, tv_nsec: 0 }];
                         sys::utimens_fd(fd.as_raw_fd(), &times)?;
-                        drop(fd);
-                        self.finish_create(cred, &dobj, &dattr, &c, None)
+                        self.finish_create(cred, &dobj, &dattr, &c, Some(fd), None)
                     }
                     Err(VfsError::Exist) => {
                         let (id, attr, fd) = self.open_entry(&dobj, &c)?;
@@ -810,7 +821,7 @@ impl Vfs for LocalFs {
         if unsafe { libc::mkdirat(dobj.path_fd.as_raw_fd(), c.as_ptr(), mode) } < 0 {
             return Err(sys::last_err());
         }
-        self.finish_create(cred, &dobj, &dattr, &c, Some(attrs))
+        self.finish_create(cred, &dobj, &dattr, &c, None, Some(attrs))
     }
 
     fn symlink(&self, cred: &Cred, dir: &ObjectId, name: &[u8], target: &[u8], attrs: &SetAttrs) -> VfsResult<Created> {
@@ -825,7 +836,7 @@ impl Vfs for LocalFs {
             return Err(sys::last_err());
         }
         let attrs = SetAttrs { mode: None, ..attrs.clone() };
-        self.finish_create(cred, &dobj, &dattr, &c, Some(&attrs))
+        self.finish_create(cred, &dobj, &dattr, &c, None, Some(&attrs))
     }
 
     fn mknod(&self, cred: &Cred, dir: &ObjectId, name: &[u8], node: SpecialNode, attrs: &SetAttrs) -> VfsResult<Created> {
@@ -842,7 +853,7 @@ impl Vfs for LocalFs {
         if unsafe { libc::mknodat(dobj.path_fd.as_raw_fd(), c.as_ptr(), kind | perm, dev) } < 0 {
             return Err(sys::last_err());
         }
-        self.finish_create(cred, &dobj, &dattr, &c, Some(attrs))
+        self.finish_create(cred, &dobj, &dattr, &c, None, Some(attrs))
     }
 
     fn remove(&self, cred: &Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<Wcc> {
@@ -1174,6 +1185,41 @@ mod tests {
         })
         .expect("readdir");
         out
+    }
+
+    #[test]
+    fn a_create_answers_with_the_file_it_made_even_if_renamed_over() {
+        // Another process renames a one-byte file over the name again and again while the
+        // export creates (GUARDED) and removes that name: whenever a create succeeds, its
+        // answer must describe the empty file it made, never the renamed one.
+        let (dir, fs) = export();
+        let cred = Cred::root();
+        let root = fs.root();
+        let stop = Arc::new(AtomicBool::new(false));
+        let renamer = {
+            let (stop, dir) = (stop.clone(), dir.path().to_path_buf());
+            std::thread::spawn(move || {
+                let mut renames = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    std::fs::write(dir.join("y"), b"1").expect("write y");
+                    if std::fs::rename(dir.join("y"), dir.join("x")).is_ok() {
+                        renames += 1;
+                    }
+                }
+                renames
+            })
+        };
+        let mut created = 0;
+        for _ in 0..20_000 {
+            if let Ok(c) = fs.create(&cred, &root, b"x", &CreateHow::Guarded(SetAttrs::default())) {
+                created += 1;
+                assert_eq!(c.attr.size, 0, "a create answered with the file renamed over its name");
+            }
+            let _ = fs.remove(&cred, &root, b"x");
+        }
+        stop.store(true, Ordering::Relaxed);
+        let renames = renamer.join().expect("renamer");
+        assert!(created > 100 && renames > 100, "no race was run: {created} creates, {renames} renames");
     }
 
     /// Waits until inodes born so far may be kept in the handle cache.
