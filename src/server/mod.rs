@@ -97,7 +97,8 @@ impl Server {
             // All clients of an export share one backend, so durability is per export:
             // `async` only if every client rule says so. Data a client was told is safe
             // must be, whatever another client's rule asks for.
-            let sync = !export.rules.iter().all(|r| !r.options.sync) || export.rules.is_empty();
+            let all_async = !export.rules.is_empty() && export.rules.iter().all(|r| !r.options.sync);
+            let sync = !all_async;
             if sync && export.rules.iter().any(|r| !r.options.sync) {
                 tracing::warn!(
                     export = %export.path.display(),

@@ -468,7 +468,10 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
         // that stopped reading, and the connection is over.
         let conn_slot = batch
             .flush_before_waiting(async {
+                // Biased: the writer is polled only when no slot is free at once, so the
+                // common case costs nothing more.
                 tokio::select! {
+                    biased;
                     slot = conn_slots.clone().acquire_owned() => Some(slot.expect("never closed")),
                     _ = &mut writer => None,
                 }
@@ -505,6 +508,7 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
         let global_slot = batch
             .flush_before_waiting(async {
                 tokio::select! {
+                    biased;
                     slot = shared.global_requests.clone().acquire_owned() => Some(slot.expect("never closed")),
                     _ = &mut writer => None,
                 }
