@@ -156,14 +156,23 @@ fn confirmed_name(
 const NAME_TTL: Duration = Duration::from_secs(60);
 const NAME_CACHE_ENTRIES: usize = 4096;
 
-/// [`confirmed_name`] through the system resolver, cached for [`NAME_TTL`].
-fn client_name(client: IpAddr) -> Option<String> {
+/// A wildcard rule needs the client's name, which is not known yet, and the caller may not
+/// wait for the resolver: ask again where waiting is allowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NameNotResolved;
+
+/// [`confirmed_name`] through the system resolver, cached for [`NAME_TTL`]. Without
+/// `may_resolve` only the cache is asked.
+fn client_name(client: IpAddr, may_resolve: bool) -> Result<Option<String>, NameNotResolved> {
     static NAMES: OnceLock<Mutex<HashMap<IpAddr, (Option<String>, Instant)>>> = OnceLock::new();
     let names = NAMES.get_or_init(Default::default);
     if let Some((name, at)) = names.lock().get(&client) {
         if at.elapsed() < NAME_TTL {
-            return name.clone();
+            return Ok(name.clone());
         }
+    }
+    if !may_resolve {
+        return Err(NameNotResolved);
     }
     // Resolved without the lock: one slow lookup must not hold up every other client.
     let name = confirmed_name(client, reverse_name, forward_addresses);
@@ -172,7 +181,7 @@ fn client_name(client: IpAddr) -> Option<String> {
         names.clear();
     }
     names.insert(client, (name.clone(), Instant::now()));
-    name
+    Ok(name)
 }
 
 /// Keeps the higher-ranked rule; on a tie the earlier one.
@@ -188,14 +197,20 @@ const WILDCARD_RANK: u32 = 500;
 impl Export {
     /// The options for a client, or `None` if no rule admits it. The most specific rule
     /// wins, as in knfsd: address or host, then wildcard, then the longest network, then
-    /// `*`.
-    pub fn options_for(&self, client: IpAddr) -> Option<&ExportOptions> {
-        self.options_with_name(client, client_name)
+    /// `*`. A wildcard rule may need the client's name from the resolver, which can take
+    /// seconds: without `may_resolve` (a thread that must not wait) that fails with
+    /// [`NameNotResolved`] unless the name is cached.
+    pub fn options_for(&self, client: IpAddr, may_resolve: bool) -> Result<Option<&ExportOptions>, NameNotResolved> {
+        self.options_with_name(client, |ip| client_name(ip, may_resolve))
     }
 
     /// [`Self::options_for`] with the client's name (for wildcard rules) from `name`, which
     /// is asked only when a wildcard rule could still win.
-    fn options_with_name(&self, client: IpAddr, name: impl FnOnce(IpAddr) -> Option<String>) -> Option<&ExportOptions> {
+    fn options_with_name(
+        &self,
+        client: IpAddr,
+        name: impl FnOnce(IpAddr) -> Result<Option<String>, NameNotResolved>,
+    ) -> Result<Option<&ExportOptions>, NameNotResolved> {
         let mut best: Option<(u32, &ExportOptions)> = None;
         for rule in &self.rules {
             let rank = match &rule.spec {
@@ -214,13 +229,13 @@ impl Export {
             _ => None,
         });
         if best.map_or(true, |(b, _)| b < WILDCARD_RANK) && wildcards().next().is_some() {
-            if let Some(name) = name(client) {
+            if let Some(name) = name(client)? {
                 if let Some((_, options)) = wildcards().find(|(p, _)| glob_match(p.as_bytes(), name.as_bytes())) {
                     prefer(&mut best, WILDCARD_RANK, options);
                 }
             }
         }
-        best.map(|(_, o)| o)
+        Ok(best.map(|(_, o)| o))
     }
 }
 
@@ -281,24 +296,25 @@ mod tests {
                 rule(ClientSpec::Address("10.1.2.3".parse().unwrap()), false),
             ],
         };
-        assert!(e.options_for("192.168.1.1".parse().unwrap()).unwrap().read_only);
-        assert!(!e.options_for("10.9.9.9".parse().unwrap()).unwrap().read_only);
-        assert!(e.options_for("10.1.9.9".parse().unwrap()).unwrap().read_only);
-        assert!(!e.options_for("10.1.2.3".parse().unwrap()).unwrap().read_only);
+        assert!(e.options_for("192.168.1.1".parse().unwrap(), false).expect("no wildcard rule").unwrap().read_only);
+        assert!(!e.options_for("10.9.9.9".parse().unwrap(), false).expect("no wildcard rule").unwrap().read_only);
+        assert!(e.options_for("10.1.9.9".parse().unwrap(), false).expect("no wildcard rule").unwrap().read_only);
+        assert!(!e.options_for("10.1.2.3".parse().unwrap(), false).expect("no wildcard rule").unwrap().read_only);
         let only_net = Export { rules: vec![rule(ClientSpec::Network("127.0.0.0".parse().unwrap(), 8), false)], ..e };
-        assert!(only_net.options_for("127.5.5.5".parse().unwrap()).is_some());
-        assert!(only_net.options_for("128.0.0.1".parse().unwrap()).is_none());
-        assert!(only_net.options_for("::1".parse().unwrap()).is_none());
+        assert!(only_net.options_for("127.5.5.5".parse().unwrap(), false).expect("no wildcard rule").is_some());
+        assert!(only_net.options_for("128.0.0.1".parse().unwrap(), false).expect("no wildcard rule").is_none());
+        assert!(only_net.options_for("::1".parse().unwrap(), false).expect("no wildcard rule").is_none());
     }
 
     #[test]
     fn wildcards_match_only_confirmed_names_and_only_when_they_could_win() {
         let client: IpAddr = "10.1.2.3".parse().unwrap();
         let other: IpAddr = "10.9.9.9".parse().unwrap();
-        let named = |name: &'static str| move |_: IpAddr| Some(name.to_string());
+        let named = |name: &'static str| move |_: IpAddr| Ok(Some(name.to_string()));
+        let reverse = |name: &'static str| move |_: IpAddr| Some(name.to_string());
         // The reverse name must resolve back to the client.
-        assert_eq!(confirmed_name(client, named("a.trusted.lab"), |_| vec![other, client]), Some("a.trusted.lab".into()));
-        assert_eq!(confirmed_name(client, named("a.trusted.lab"), |_| vec![other]), None);
+        assert_eq!(confirmed_name(client, reverse("a.trusted.lab"), |_| vec![other, client]), Some("a.trusted.lab".into()));
+        assert_eq!(confirmed_name(client, reverse("a.trusted.lab"), |_| vec![other]), None);
         assert_eq!(confirmed_name(client, |_| None, |_| vec![client]), None);
 
         let e = Export {
@@ -310,16 +326,18 @@ mod tests {
                 rule(ClientSpec::Address("10.5.5.5".parse().unwrap()), true),
             ],
         };
-        assert!(!e.options_with_name(client, named("a.trusted.lab")).unwrap().read_only);
-        assert!(e.options_with_name(client, named("a.other.lab")).unwrap().read_only);
-        assert!(e.options_with_name(client, |_| None).unwrap().read_only);
+        assert!(!e.options_with_name(client, named("a.trusted.lab")).unwrap().unwrap().read_only);
+        assert!(e.options_with_name(client, named("a.other.lab")).unwrap().unwrap().read_only);
+        assert!(e.options_with_name(client, |_| Ok(None)).unwrap().unwrap().read_only);
+        // A thread that must not wait for the resolver learns that it would have to.
+        assert_eq!(e.options_with_name(client, |_| Err(NameNotResolved)), Err(NameNotResolved));
         // An address rule outranks any wildcard: no name lookup at all.
         let asked = std::cell::Cell::new(false);
         let ask = |_| {
             asked.set(true);
-            Some("x.trusted.lab".to_string())
+            Ok(Some("x.trusted.lab".to_string()))
         };
-        assert!(e.options_with_name("10.5.5.5".parse().unwrap(), ask).unwrap().read_only);
+        assert!(e.options_with_name("10.5.5.5".parse().unwrap(), ask).unwrap().unwrap().read_only);
         assert!(!asked.get(), "looked up the name of a client an address rule decides");
     }
 

@@ -240,11 +240,14 @@ fn write(
     out: &mut XdrWriter,
 ) -> ProcResult {
     let adm = admit_write(state, ctx, fh, WCC)?;
+    // The verifier from before the write: if a sync fails meanwhile and renews it, the
+    // client must see the change, since its data may be among what was lost.
+    let verifier = adm.rt.vfs.write_verifier();
     let r = adm.rt.vfs.write(&adm.cred, &adm.obj, offset, data, stable, blocking(ctx)).map_err(fail(WCC))?;
     put_wcc(out, &r.wcc);
     out.u32(r.count as u32);
     out.u32(stable_code(r.committed));
-    out.fixed(&adm.rt.vfs.write_verifier());
+    out.fixed(&verifier);
     state.metrics.add_write_bytes(r.count as u64);
     state.metrics.count_write(stable);
     Ok(())

@@ -67,14 +67,19 @@ pub struct DuplicateRequestCache {
     hits: AtomicU64,
 }
 
+/// An entry and the number of the insertion that made it.
+struct Slot {
+    entry: Entry,
+    insertion: u64,
+}
+
 #[derive(Default)]
 struct Inner {
-    /// Each entry with the number of its insertion.
-    entries: HashMap<DrcKey, (Entry, u64)>,
+    entries: HashMap<DrcKey, Slot>,
     /// Insertions, oldest first. A key abandoned and begun again is here twice; only the
-    /// copy whose number its entry still carries may evict it.
+    /// place whose number its slot still carries may evict it.
     order: VecDeque<(DrcKey, u64)>,
-    inserted: u64,
+    insertions: u64,
 }
 
 impl DuplicateRequestCache {
@@ -84,7 +89,7 @@ impl DuplicateRequestCache {
 
     pub fn begin(&self, key: &DrcKey) -> Lookup {
         let mut inner = self.inner.lock();
-        match inner.entries.get(key).map(|(e, _)| e) {
+        match inner.entries.get(key).map(|slot| &slot.entry) {
             Some(Entry::InProgress) => {
                 self.hits.fetch_add(1, Ordering::Relaxed);
                 Lookup::InProgress
@@ -97,7 +102,7 @@ impl DuplicateRequestCache {
                 while inner.entries.len() >= self.capacity {
                     match inner.order.pop_front() {
                         Some((old, number)) => {
-                            if inner.entries.get(&old).is_some_and(|(_, n)| *n == number) {
+                            if inner.entries.get(&old).is_some_and(|slot| slot.insertion == number) {
                                 inner.entries.remove(&old);
                             }
                         }
@@ -107,12 +112,12 @@ impl DuplicateRequestCache {
                 // Abandoned keys leave stale copies behind; drop them before they pile up.
                 if inner.order.len() >= 2 * self.capacity {
                     let Inner { entries, order, .. } = &mut *inner;
-                    order.retain(|(k, n)| entries.get(k).is_some_and(|(_, m)| m == n));
+                    order.retain(|(k, n)| entries.get(k).is_some_and(|slot| slot.insertion == *n));
                 }
-                inner.inserted += 1;
-                let number = inner.inserted;
-                inner.entries.insert(key.clone(), (Entry::InProgress, number));
-                inner.order.push_back((key.clone(), number));
+                inner.insertions += 1;
+                let insertion = inner.insertions;
+                inner.entries.insert(key.clone(), Slot { entry: Entry::InProgress, insertion });
+                inner.order.push_back((key.clone(), insertion));
                 Lookup::New
             }
         }
@@ -120,15 +125,15 @@ impl DuplicateRequestCache {
 
     pub fn complete(&self, key: &DrcKey, reply: Arc<Reply>) {
         let mut inner = self.inner.lock();
-        if let Some((e, _)) = inner.entries.get_mut(key) {
-            *e = Entry::Done(reply);
+        if let Some(slot) = inner.entries.get_mut(key) {
+            slot.entry = Entry::Done(reply);
         }
     }
 
     /// Forgets a call that produced no reply, so a retransmit runs it.
     pub fn abandon(&self, key: &DrcKey) {
         let mut inner = self.inner.lock();
-        if matches!(inner.entries.get(key), Some((Entry::InProgress, _))) {
+        if matches!(inner.entries.get(key), Some(Slot { entry: Entry::InProgress, .. })) {
             inner.entries.remove(key);
         }
     }

@@ -52,7 +52,9 @@ impl ServerState {
     /// The options this client gets on `rt`, or why it is refused.
     pub fn client_options<'a>(&self, rt: &'a ExportRuntime, ctx: &CallContext) -> Result<&'a ExportOptions, VfsError> {
         let ip = canonical_ip(ctx.peer.ip());
-        let opts = rt.export.options_for(ip).ok_or(VfsError::Access)?;
+        // On a thread that must not wait, a name the resolver would have to find moves the
+        // call to one that may.
+        let opts = rt.export.options_for(ip, ctx.may_block).map_err(|_| VfsError::WouldBlock)?.ok_or(VfsError::Access)?;
         if opts.secure && ctx.peer.port() >= 1024 {
             tracing::debug!(client = %ctx.peer, export = %rt.export.path.display(), "refused: source port is not privileged (export is 'secure')");
             return Err(VfsError::Perm);

@@ -462,6 +462,10 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
     // How long the client took to send its next request the last time we had to wait.
     let mut last_wait: Option<Duration> = None;
     let result = loop {
+        // The writer gave up on a client that stopped reading: run nothing more for it.
+        if writer.is_finished() {
+            break Ok(());
+        }
         // Take both slots before reading, so a connection cannot read more requests than
         // it may run: this is the back-pressure that bounds memory.
         // Each wait below also ends when the writer task does: it has given up on a client

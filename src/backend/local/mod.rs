@@ -146,7 +146,7 @@ pub struct LocalFs {
     /// directory's `fsync`, and data syncs are followed by the same flush.
     fs_sync: Option<FsSync>,
     /// The write verifier: new on every start, and after every failed sync
-    /// ([`Self::forget_unstable_writes`]).
+    /// ([`Self::renew_write_verifier`]).
     verifier: AtomicU64,
     cache: ObjectCache,
     /// Handles of inodes seen before, so listing them again costs no `name_to_handle_at`.
@@ -283,17 +283,20 @@ impl LocalFs {
         if let Some(o) = self.cache.get(id) {
             return Ok(o);
         }
-        let fd = self.as_root(cred, || sys::open_by_handle(self.root_fd.as_raw_fd(), id, libc::O_PATH))?;
-        let st = sys::fstat(fd.as_raw_fd())?;
-        if st.st_dev != self.root_dev {
-            return Err(VfsError::Stale);
-        }
-        // A file may be anywhere (knfsd's no_subtree_check); a directory must be in the
-        // export, or its `..` leads out of it.
-        if st.st_mode & libc::S_IFMT == libc::S_IFDIR && !self.as_root(cred, || self.dir_within_export(fd.as_raw_fd()))? {
-            tracing::debug!(ino = st.st_ino, "directory handle refused: the directory is no longer in the export");
-            return Err(VfsError::Stale);
-        }
+        let fd = self.as_root(cred, || {
+            let fd = sys::open_by_handle(self.root_fd.as_raw_fd(), id, libc::O_PATH)?;
+            let st = sys::fstat(fd.as_raw_fd())?;
+            if st.st_dev != self.root_dev {
+                return Err(VfsError::Stale);
+            }
+            // A file may be anywhere (knfsd's no_subtree_check); a directory must be in the
+            // export, or its `..` leads out of it.
+            if st.st_mode & libc::S_IFMT == libc::S_IFDIR && !self.dir_within_export(fd.as_raw_fd())? {
+                tracing::debug!(ino = st.st_ino, "directory handle refused: the directory is no longer in the export");
+                return Err(VfsError::Stale);
+            }
+            Ok(fd)
+        })?;
         Ok(self.cache.insert(*id, CachedObject::new(fd)))
     }
 
@@ -490,7 +493,7 @@ impl LocalFs {
             return Ok(());
         }
         if let Some(fs) = &self.fs_sync {
-            return fs.flush(&self.root_fd, || self.forget_unstable_writes());
+            return fs.flush(&self.root_fd, || self.renew_write_verifier());
         }
         for (dir, attr) in dirs {
             self.make_durable(cred, dir, attr, SyncKind::Full)?;
@@ -510,7 +513,7 @@ impl LocalFs {
                 SyncKind::Full => sys::fsync(&fd),
             };
             if synced.is_err() {
-                self.forget_unstable_writes();
+                self.renew_write_verifier();
             }
             synced
         })?;
@@ -519,7 +522,7 @@ impl LocalFs {
             // leave the inode table block behind when the inode was changed without being
             // marked dirty, as when writeback allocates the blocks of a hole: the data is
             // on disk, the extent that points to it is not.
-            fs.flush(&self.root_fd, || self.forget_unstable_writes())?;
+            fs.flush(&self.root_fd, || self.renew_write_verifier())?;
         }
         Ok(())
     }
@@ -528,7 +531,7 @@ impl LocalFs {
     /// kernel may have dropped their data, and it reports that once, to one caller (the
     /// file's sticky failure lives only as long as its cache entry). A new write verifier
     /// makes every client resend what it has not yet seen committed, as knfsd does.
-    fn forget_unstable_writes(&self) {
+    fn renew_write_verifier(&self) {
         let old = self.verifier.load(Ordering::Relaxed);
         let mut new = rand::random();
         while new == old {
