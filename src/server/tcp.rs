@@ -35,6 +35,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader, Interest, ReadBuf};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinHandle;
 
 /// Replies of calls run on the connection task are sent once this many bytes wait.
 const BATCH_BYTES: usize = 256 * 1024;
@@ -470,18 +471,9 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
         // it may run: this is the back-pressure that bounds memory.
         // Each wait below also ends when the writer task does: it has given up on a client
         // that stopped reading, and the connection is over.
-        let conn_slot = batch
-            .flush_before_waiting(async {
-                // Biased: the writer is polled only when no slot is free at once, so the
-                // common case costs nothing more.
-                tokio::select! {
-                    biased;
-                    slot = conn_slots.clone().acquire_owned() => Some(slot.expect("never closed")),
-                    _ = &mut writer => None,
-                }
-            })
-            .await;
-        let Some(conn_slot) = conn_slot else { break Ok(()) };
+        let Some(conn_slot) = batch.flush_before_waiting(slot_unless_given_up(&conn_slots, &mut writer)).await else {
+            break Ok(());
+        };
         // But take the global slot only once the next record has begun to arrive: an idle
         // connection must not hold a slot every other client needs (otherwise
         // max_requests_in_flight idle connections stop the server for everyone).
@@ -509,16 +501,10 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
         if let Some(started) = wait_started {
             last_wait = Some(started.elapsed());
         }
-        let global_slot = batch
-            .flush_before_waiting(async {
-                tokio::select! {
-                    biased;
-                    slot = shared.global_requests.clone().acquire_owned() => Some(slot.expect("never closed")),
-                    _ = &mut writer => None,
-                }
-            })
-            .await;
-        let Some(global_slot) = global_slot else { break Ok(()) };
+        let Some(global_slot) = batch.flush_before_waiting(slot_unless_given_up(&shared.global_requests, &mut writer)).await
+        else {
+            break Ok(());
+        };
         let mut record = shared.record_pool.take();
         let read = batch
             .flush_before_waiting(async {
@@ -568,6 +554,17 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
         let _ = writer.await;
     }
     result
+}
+
+/// A request slot, or `None` once the connection's writer task has ended (it gave up on a
+/// client that stopped reading). Biased: the writer is polled only when no slot is free at
+/// once, so the common case costs nothing more.
+async fn slot_unless_given_up(slots: &Arc<Semaphore>, writer: &mut JoinHandle<()>) -> Option<OwnedSemaphorePermit> {
+    tokio::select! {
+        biased;
+        slot = slots.clone().acquire_owned() => Some(slot.expect("never closed")),
+        _ = writer => None,
+    }
 }
 
 /// Takes over sending when the socket is full: waits until the client reads, sends the

@@ -409,15 +409,17 @@ impl LocalFs {
     /// The object an open descriptor (of a file just created) refers to, whatever its name
     /// has become since.
     fn open_created(&self, created: &OwnedFd) -> VfsResult<(ObjectId, Attr, OwnedFd)> {
-        let fd = sys::openat(libc::AT_FDCWD, &sys::proc_fd_path(created.as_raw_fd()), libc::O_PATH, 0)?;
-        let st = sys::statx(fd.as_raw_fd(), c"", libc::AT_EMPTY_PATH)?;
-        let id = self.handle_for(fd.as_raw_fd(), c"", libc::AT_EMPTY_PATH, &st, true)?;
-        Ok((id, sys::attr_from_statx(&st, self.fsid), fd))
+        self.entry_of(sys::openat(libc::AT_FDCWD, &sys::proc_fd_path(created.as_raw_fd()), libc::O_PATH, 0)?)
     }
 
     /// Opens `name` in `dir` without following symlinks; refuses other filesystems.
     fn open_entry(&self, dir: &CachedObject, name: &CString) -> VfsResult<(ObjectId, Attr, OwnedFd)> {
-        let fd = sys::openat(dir.path_fd.as_raw_fd(), name, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+        self.entry_of(sys::openat(dir.path_fd.as_raw_fd(), name, libc::O_PATH | libc::O_NOFOLLOW, 0)?)
+    }
+
+    /// Handle and attributes of the object an `O_PATH` descriptor holds; refuses other
+    /// filesystems.
+    fn entry_of(&self, fd: OwnedFd) -> VfsResult<(ObjectId, Attr, OwnedFd)> {
         let st = sys::statx(fd.as_raw_fd(), c"", libc::AT_EMPTY_PATH)?;
         let id = self.handle_for(fd.as_raw_fd(), c"", libc::AT_EMPTY_PATH, &st, true)?;
         Ok((id, sys::attr_from_statx(&st, self.fsid), fd))
