@@ -252,3 +252,61 @@ def test_an_export_with_sync_and_async_clients_serves_all_sync(tmp_path):
     with Nasd(exports_file=only_async) as n, Nfs3Client(n.host, n.port, cred=ROOT) as c:
         fh = c.create(c.root(str(export)), "g").fh
         assert c.write(fh, 0, b"y" * 4096, stable="unstable").committed == 2
+
+
+# ------------------------------------------------------------ POSIX ACLs
+
+ACL_USER_OBJ, ACL_USER, ACL_GROUP_OBJ, ACL_MASK, ACL_OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
+
+
+def _set_access_acl(path: Path, entries):
+    """Sets `system.posix_acl_access` (the kernel's xattr layout: version 2, then tag,
+    permission bits and id per entry, sorted by tag and id), as `setfacl` would."""
+    import struct
+    blob = struct.pack("<I", 2) + b"".join(
+        struct.pack("<HHI", tag, perm, 0xFFFFFFFF if ident is None else ident)
+        for tag, perm, ident in sorted(entries, key=lambda e: (e[0], e[2] or 0)))
+    try:
+        os.setxattr(path, "system.posix_acl_access", blob)
+    except OSError as e:
+        pytest.skip(f"the test directory's file system does not take POSIX ACLs ({e})")
+
+
+@needs_root
+def test_posix_acls_decide_read_write_and_access_for_other_users(tmp_path):
+    """An ACL entry naming a user is obeyed, whether it takes away what the mode bits would
+    give (user 1000 on `denied`) or gives what they would not (user 1000 on `granted`)."""
+    export = make_export(tmp_path)
+    denied, granted = export / "denied", export / "granted"
+    denied.write_bytes(b"public")
+    granted.write_bytes(b"shared")
+    # Mode 0644, but user 1000 may do nothing.
+    _set_access_acl(denied, [(ACL_USER_OBJ, 6, None), (ACL_USER, 0, 1000), (ACL_GROUP_OBJ, 4, None),
+                             (ACL_MASK, 4, None), (ACL_OTHER, 4, None)])
+    # Nobody but the owner by the mode's owner and other bits, but user 1000 may read and write.
+    _set_access_acl(granted, [(ACL_USER_OBJ, 6, None), (ACL_USER, 6, 1000), (ACL_GROUP_OBJ, 0, None),
+                              (ACL_MASK, 6, None), (ACL_OTHER, 0, None)])
+    listed = auth_sys(1000, 1000, gids=[1000])
+    other = auth_sys(1001, 1001, gids=[1001])
+    read_bits = rpc.ACCESS3_READ
+    modify_bits = rpc.ACCESS3_MODIFY | rpc.ACCESS3_EXTEND
+    with Nasd(export) as n:
+        with Nfs3Client(n.host, n.port, cred=listed) as c:
+            root = c.root(n.export_dir)
+            d, g = c.lookup(root, "denied").fh, c.lookup(root, "granted").fh
+            assert c.read(d).status == rpc.NFS3ERR_ACCES, "the ACL's entry for user 1000 grants nothing"
+            assert c.access(d).access & (read_bits | modify_bits) == 0
+            assert c.read(g).data == b"shared", "the ACL's entry for user 1000 grants reading"
+            assert c.write(g, 0, b"SHARED").ok, "the ACL's entry for user 1000 grants writing"
+            assert c.access(g).access & (read_bits | modify_bits) == read_bits | modify_bits
+            assert c.access(g, read_bits).access == read_bits
+        with Nfs3Client(n.host, n.port, cred=other) as c:
+            root = c.root(n.export_dir)
+            d, g = c.lookup(root, "denied").fh, c.lookup(root, "granted").fh
+            assert c.read(d).data == b"public", "others keep what the ACL's other entry gives"
+            assert c.access(d).access & (read_bits | modify_bits) == read_bits
+            assert c.read(g).status == rpc.NFS3ERR_ACCES
+            assert c.write(g, 0, b"HACK").status == rpc.NFS3ERR_ACCES
+            assert c.access(g).access & (read_bits | modify_bits) == 0
+    assert granted.read_bytes() == b"SHARED"
+    assert denied.read_bytes() == b"public"

@@ -193,11 +193,23 @@ fn may(cred: &Cred, attr: &Attr, want: u32) -> bool {
     bits & want == want
 }
 
+/// Whether `cred` may `want` (R/W/X bits) the object: the mode bits where they decide
+/// alone, otherwise the kernel's check under the caller's identity, which applies POSIX
+/// ACLs as well. An owner's permissions are the mode's owner bits even under an ACL, and
+/// root's follow from its capabilities, so only other callers pay the extra syscall.
+/// Expects the caller's identity on this thread (as after `resolve`).
+fn may_access(cred: &Cred, obj: &CachedObject, attr: &Attr, want: u32) -> VfsResult<bool> {
+    if cred.uid == 0 || cred.uid == attr.uid || !creds::enabled() {
+        return Ok(may(cred, attr, want));
+    }
+    Ok(sys::may_access(obj.path_fd.as_raw_fd(), want)?.unwrap_or_else(|| may(cred, attr, want)))
+}
+
 /// READ and WRITE permission as knfsd grants it: the owner may always read and write its
 /// own file (a file created with mode 0444 must still accept the data that follows), and a
 /// file that may be executed may be read.
-fn may_io(cred: &Cred, attr: &Attr, want: u32) -> bool {
-    cred.uid == attr.uid || may(cred, attr, want) || (want == R && may(cred, attr, X))
+fn may_io(cred: &Cred, obj: &CachedObject, attr: &Attr, want: u32) -> VfsResult<bool> {
+    Ok(cred.uid == attr.uid || may_access(cred, obj, attr, want)? || (want == R && may_access(cred, obj, attr, X)?))
 }
 
 fn is_dot_or_dotdot(name: &[u8]) -> bool {
@@ -396,7 +408,7 @@ impl LocalFs {
             FileKind::Directory => return Err(VfsError::IsDir),
             _ => return Err(VfsError::Inval),
         }
-        if !may_io(cred, attr, want) {
+        if !may_io(cred, obj, attr, want)? {
             return Err(VfsError::Access);
         }
         self.io_fd(cred, obj, attr)
@@ -672,21 +684,21 @@ impl Vfs for LocalFs {
     }
 
     fn access(&self, cred: &Cred, id: &ObjectId, mask: u32) -> VfsResult<(u32, Attr)> {
-        let (_, attr) = self.resolve(cred, id)?;
-        let mut granted = 0;
-        if may(cred, &attr, R) {
-            granted |= access::READ;
-        }
+        let (obj, attr) = self.resolve(cred, id)?;
+        let dir = attr.kind == FileKind::Directory;
         // Changing a directory's entries needs search permission as well as write.
-        let change = if attr.kind == FileKind::Directory { W | X } else { W };
-        if may(cred, &attr, change) {
-            granted |= access::MODIFY | access::EXTEND;
-            if attr.kind == FileKind::Directory {
-                granted |= access::DELETE;
+        let change = if dir { W | X } else { W };
+        let checks = [
+            (access::READ, R),
+            (access::MODIFY | access::EXTEND | if dir { access::DELETE } else { 0 }, change),
+            (if dir { access::LOOKUP } else { access::EXECUTE }, X),
+        ];
+        let mut granted = 0;
+        // Only what the client asked about: each check may cost a syscall.
+        for (bits, want) in checks {
+            if bits & mask != 0 && may_access(cred, &obj, &attr, want)? {
+                granted |= bits;
             }
-        }
-        if may(cred, &attr, X) {
-            granted |= if attr.kind == FileKind::Directory { access::LOOKUP } else { access::EXECUTE };
         }
         Ok((granted & mask, attr))
     }

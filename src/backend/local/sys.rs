@@ -105,6 +105,25 @@ pub fn fstat(fd: RawFd) -> VfsResult<libc::stat> {
     Ok(st)
 }
 
+/// Whether the calling thread, with its current file-system identity (fsuid, fsgid,
+/// groups), may access the object `fd` holds (`mode`: `R_OK`/`W_OK`/`X_OK` bits), as the
+/// kernel decides for a local process: mode bits and POSIX ACLs. `None` where the kernel
+/// has no `faccessat2` (before 5.8).
+pub fn may_access(fd: RawFd, mode: u32) -> VfsResult<Option<bool>> {
+    // SAFETY: a valid C string; AT_EACCESS checks the thread's fsuid/fsgid, not its real ids.
+    let r = unsafe {
+        libc::syscall(libc::SYS_faccessat2, fd, c"".as_ptr(), mode as libc::c_int, libc::AT_EMPTY_PATH | libc::AT_EACCESS)
+    };
+    if r == 0 {
+        return Ok(Some(true));
+    }
+    match std::io::Error::last_os_error().raw_os_error() {
+        Some(libc::EACCES | libc::EPERM | libc::EROFS) => Ok(Some(false)),
+        Some(libc::ENOSYS) => Ok(None),
+        _ => Err(last_err()),
+    }
+}
+
 /// What `statx` is asked for: the attributes, the birth time that tells inode
 /// incarnations apart and the mount the object was reached through.
 const STATX_WANTED: libc::c_uint = libc::STATX_BASIC_STATS | libc::STATX_BTIME | libc::STATX_MNT_ID;
