@@ -57,7 +57,7 @@ fn world() -> &'static World {
         let metrics = Arc::new(metrics);
         let mut exports = Vec::new();
         for export in table.exports {
-            let vfs = LocalFs::open(&LocalConfig { path: export.path.clone(), fsid: export.id as u64, sync: false, cache_capacity: 64, changes: ChangeCount::default() })
+            let vfs = LocalFs::open(&LocalConfig { path: export.path.clone(), fsid: export.id as u64, sync: false, cache_capacity: 64, cache_idle: None, changes: ChangeCount::default() })
                 .expect("open export");
             exports.push(ExportRuntime { export, vfs });
         }

@@ -36,6 +36,9 @@ pub struct Limits {
     pub drc_entries: usize,
     /// Open file objects cached per export.
     pub open_objects: usize,
+    /// Close a cached object nobody has used for this long (0: only when the cache is
+    /// full), so that files others delete or replace free their disk space.
+    pub open_object_idle_secs: u64,
     /// Close a connection that sends nothing for this long.
     pub idle_timeout_secs: u64,
     /// Close a connection whose replies cannot be sent for this long, or whose request,
@@ -67,6 +70,7 @@ impl Default for Limits {
             max_record_bytes: 1024 * 1024 + 64 * 1024,
             drc_entries: 8192,
             open_objects: 8192,
+            open_object_idle_secs: 10,
             idle_timeout_secs: 360,
             write_timeout_secs: 60,
         }

@@ -110,6 +110,8 @@ impl Server {
                 fsid: export.id as u64,
                 sync,
                 cache_capacity: config.limits.open_objects,
+                cache_idle: (config.limits.open_object_idle_secs > 0)
+                    .then(|| std::time::Duration::from_secs(config.limits.open_object_idle_secs)),
                 changes: changes.clone(),
             })
             .map_err(|e| UsageError(format!("{e:#}")))?;

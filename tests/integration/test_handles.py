@@ -100,6 +100,49 @@ def test_handle_of_removed_directory_is_stale(srv, c):
     assert c.create(fh, "x").status == rpc.NFS3ERR_STALE
 
 
+def _deleted_files_held(pid: int, name: str) -> list:
+    """The descriptors of process `pid` that still hold a deleted file called `name`."""
+    held = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        if target.endswith(f"/{name} (deleted)"):
+            held.append(target)
+    return held
+
+
+def test_files_deleted_by_others_are_let_go_once_idle(tmp_path):
+    """A cached descriptor keeps its inode, and so its disk space, alive: a file deleted or
+    replaced on the server must not stay allocated for as long as nasd runs."""
+    export = make_export(tmp_path)
+    (export / "big").write_bytes(os.urandom(4 << 20))
+    (export / "replaced").write_bytes(b"old contents")
+    config = tmp_path / "nasd.toml"
+    config.write_text("[limits]\nopen_object_idle_secs = 2\n")
+    with Nasd(export, args=["--no-root-squash", "--config", config]) as n, \
+            Nfs3Client(n.host, n.port, cred=ROOT) as c:
+        root = c.root(n.export_dir)
+        big = c.lookup(root, "big").fh
+        assert c.write(c.lookup(root, "replaced").fh, 0, b"new").ok
+        assert len(c.read(big, 0, 65536).data) == 65536
+        # Deleted and replaced by others, not through nasd.
+        os.unlink(export / "big")
+        assert _deleted_files_held(n.pid, "big"), "nasd had the file open (else this test proves nothing)"
+        (export / "replacement").write_bytes(b"replacement")
+        os.rename(export / "replacement", export / "replaced")
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and (_deleted_files_held(n.pid, "big")
+                                               or _deleted_files_held(n.pid, "replaced")):
+            time.sleep(0.2)
+        assert _deleted_files_held(n.pid, "big") == [] and _deleted_files_held(n.pid, "replaced") == [], \
+            "deleted files still held open 15 s after their last use"
+        # The old handle now answers as a deleted file's must.
+        assert c.getattr(big).status == rpc.NFS3ERR_STALE
+        assert c.read(c.lookup(root, "replaced").fh).data == b"replacement"
+
+
 def test_handle_survives_rename_on_disk(srv, c):
     base = Path(srv.export_dir)
     (base / "rn_a").mkdir()

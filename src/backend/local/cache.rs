@@ -9,6 +9,7 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash};
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -19,6 +20,8 @@ pub struct CachedObject {
     pub path_fd: OwnedFd,
     pub io_fd: Mutex<Option<Arc<OwnedFd>>>,
     pub sync: SyncGroup,
+    /// Used since the last sweep ([`sweep_idle`]).
+    used: AtomicBool,
 }
 
 impl CachedObject {
@@ -27,8 +30,25 @@ impl CachedObject {
             path_fd,
             io_fd: Mutex::new(None),
             sync: SyncGroup::default(),
+            used: AtomicBool::new(true),
         })
     }
+
+    /// Marks the object used, for the sweep. Loads first, so a busy object's cache line is
+    /// not written by every request.
+    pub fn touch(&self) {
+        if !self.used.load(Ordering::Relaxed) {
+            self.used.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Drops the objects no request used since the previous sweep and none holds now; returns
+/// how many. A cached descriptor keeps its inode alive, so without this a file that others
+/// delete or replace keeps its disk space for as long as its entry stays cached (knfsd's
+/// filecache closes idle files the same way).
+pub fn sweep_idle(cache: &ObjectCache) -> usize {
+    cache.retain(|o| Arc::strong_count(o) > 1 || o.used.swap(false, Ordering::Relaxed))
 }
 
 pub type ObjectCache = BoundedMap<ObjectId, Arc<CachedObject>>;
@@ -86,6 +106,18 @@ impl<K: Hash + Eq + Copy, V: Clone> BoundedMap<K, V> {
 
     pub fn remove(&self, key: &K) {
         self.shard(key).lock().remove(key);
+    }
+
+    /// Keeps only the entries `keep` accepts; returns how many it dropped.
+    pub fn retain(&self, mut keep: impl FnMut(&V) -> bool) -> usize {
+        let mut dropped = 0;
+        for shard in &self.shards {
+            let mut shard = shard.lock();
+            let before = shard.len();
+            shard.retain(|_, v| keep(v));
+            dropped += before - shard.len();
+        }
+        dropped
     }
 }
 
@@ -160,6 +192,35 @@ mod tests {
             InodeKey::of(&old, now),
             InodeKey::of(&statx_born(7, 999_998, 0, mask), now)
         );
+    }
+
+    fn object() -> Arc<CachedObject> {
+        let fd = std::fs::File::open("/").expect("open /");
+        CachedObject::new(OwnedFd::from(fd))
+    }
+
+    #[test]
+    fn sweeps_drop_objects_unused_since_the_last_one_and_not_held() {
+        let cache = ObjectCache::new(64);
+        let (idle, busy, held) = (object(), object(), object());
+        let id = |n: u8| ObjectId::new(&[n; 8]).expect("id");
+        cache.insert(id(1), idle);
+        cache.insert(id(2), busy.clone());
+        cache.insert(id(3), held.clone());
+        drop(busy);
+        // New entries count as used: the first sweep keeps them all.
+        assert_eq!(sweep_idle(&cache), 0);
+        cache.get(&id(2)).expect("cached").touch();
+        assert_eq!(sweep_idle(&cache), 1, "only the unused, unheld object goes");
+        assert!(cache.get(&id(1)).is_none());
+        assert!(cache.get(&id(2)).is_some(), "touched since the last sweep");
+        assert!(cache.get(&id(3)).is_some(), "a request still holds it");
+        drop(held);
+        assert_eq!(sweep_idle(&cache), 1, "the touched object goes once a sweep passed without use");
+        assert!(cache.get(&id(2)).is_none());
+        // An object held through sweeps goes a whole period after it is let go.
+        assert_eq!(sweep_idle(&cache), 1);
+        assert!(cache.get(&id(3)).is_none());
     }
 
     #[test]

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use sync::{SyncGroup, SyncKind};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 use std::sync::{Arc, Weak};
 
 /// Threads that share the `statx` calls of READDIRPLUS batches with the thread serving the
@@ -57,6 +58,10 @@ pub struct LocalConfig {
     pub sync: bool,
     /// Open objects kept in the cache.
     pub cache_capacity: usize,
+    /// A cached object unused for this long is let go (after between half of it and all of
+    /// it), so that files others delete free their space; `None`: kept until the cache is
+    /// full.
+    pub cache_idle: Option<Duration>,
     /// Shared by exports that may share files (all of a server's exports: they may nest).
     pub changes: ChangeCount,
 }
@@ -224,6 +229,23 @@ fn timespec(t: SetTime) -> libc::timespec {
     }
 }
 
+/// Lets go of the cached objects of `fs` that are unused for `idle` (between half of it and
+/// all of it), until `fs` is dropped.
+fn spawn_cache_sweeper(fs: Weak<LocalFs>, idle: Duration) {
+    let period = (idle / 2).max(Duration::from_millis(100));
+    let spawned = std::thread::Builder::new().name("nasd-cache-sweep".into()).spawn(move || loop {
+        std::thread::sleep(period);
+        let Some(fs) = fs.upgrade() else { return };
+        let dropped = cache::sweep_idle(&fs.cache);
+        if dropped > 0 {
+            tracing::debug!(dropped, "closed idle cached objects");
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the cache sweeper: idle objects stay open until the cache is full");
+    }
+}
+
 impl LocalFs {
     pub fn open(cfg: &LocalConfig) -> anyhow::Result<Arc<Self>> {
         use anyhow::Context;
@@ -255,7 +277,7 @@ impl LocalFs {
             }
             _ => None,
         };
-        Ok(Arc::new_cyclic(|me| Self {
+        let fs = Arc::new_cyclic(|me| Self {
             root_fd,
             root_id,
             root_dev: st.st_dev,
@@ -272,7 +294,11 @@ impl LocalFs {
             max_file_size,
             changes: cfg.changes.clone(),
             me: me.clone(),
-        }))
+        });
+        if let Some(idle) = cfg.cache_idle {
+            spawn_cache_sweeper(Arc::downgrade(&fs), idle);
+        }
+        Ok(fs)
     }
 
     fn modifying(&self) -> Modifying<'_> {
@@ -293,6 +319,7 @@ impl LocalFs {
 
     fn object(&self, cred: &Cred, id: &ObjectId) -> VfsResult<Arc<CachedObject>> {
         if let Some(o) = self.cache.get(id) {
+            o.touch();
             return Ok(o);
         }
         let fd = self.as_root(cred, || {
@@ -486,7 +513,8 @@ impl LocalFs {
         // An object looked up before and still open costs one `statx`, not an open.
         let st = sys::statx(dir.path_fd.as_raw_fd(), &c, 0)?;
         if let Some(id) = self.cached_handle(&st) {
-            if self.cache.get(&id).is_some() {
+            if let Some(o) = self.cache.get(&id) {
+                o.touch();
                 return Ok((id, sys::attr_from_statx(&st, self.fsid)));
             }
         }
@@ -1161,7 +1189,7 @@ mod tests {
 
     fn export() -> (tempfile::TempDir, Arc<LocalFs>) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let fs = LocalFs::open(&LocalConfig { path: dir.path().to_path_buf(), fsid: 1, sync: false, cache_capacity: 64, changes: ChangeCount::default() }).expect("open export");
+        let fs = LocalFs::open(&LocalConfig { path: dir.path().to_path_buf(), fsid: 1, sync: false, cache_capacity: 64, cache_idle: None, changes: ChangeCount::default() }).expect("open export");
         (dir, fs)
     }
 
