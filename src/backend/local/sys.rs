@@ -117,9 +117,9 @@ pub fn may_access(fd: RawFd, mode: u32) -> VfsResult<Option<bool>> {
     if r == 0 {
         return Ok(Some(true));
     }
-    match std::io::Error::last_os_error().raw_os_error() {
-        Some(libc::EACCES | libc::EPERM | libc::EROFS) => Ok(Some(false)),
-        Some(libc::ENOSYS) => Ok(None),
+    match errno() {
+        libc::EACCES | libc::EPERM | libc::EROFS => Ok(Some(false)),
+        libc::ENOSYS => Ok(None),
         _ => Err(last_err()),
     }
 }
