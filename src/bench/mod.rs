@@ -7,6 +7,7 @@ pub mod cpu;
 pub mod fio;
 pub mod local;
 pub mod metrics;
+pub mod pagecache;
 pub mod plot;
 pub mod report;
 pub mod suites;
@@ -102,6 +103,16 @@ pub struct Measurement {
 fn settle_page_cache() {
     // SAFETY: sync(2) takes no arguments and cannot fail.
     unsafe { libc::sync() };
+}
+
+/// Before a fio job on a server the bench started: the job's file fully cached, in the
+/// same state for every target and job (see `pagecache`). The local disk's jobs use
+/// direct I/O, and external servers' files are out of reach.
+fn warm_server_file(t: &Target, file: &str) -> Result<()> {
+    match t.data_dir() {
+        Some(dir) if !t.is_local() => pagecache::warm(&dir.join(file)).map(drop),
+        _ => Ok(()),
+    }
 }
 
 /// Of one target's repetitions of a job, the measurement with the median figure (the
@@ -448,6 +459,7 @@ impl Runner {
         match &job.kind {
             JobKind::Fio(s) => {
                 self.ensure_file(t, &s.file, s.size)?;
+                warm_server_file(t, &s.file)?;
                 settle_page_cache();
                 let args = fio::command_line(s, &slug(&job.name), &t.engine);
                 m.commands.push(format!("fio {}", fio::shell_join(&args)));
@@ -493,6 +505,7 @@ impl Runner {
                     let mut s = shape.clone();
                     s.file = format!("scale-c{c}.dat");
                     self.ensure_file(t, &s.file, s.size)?;
+                    warm_server_file(t, &s.file)?;
                     let args = fio::command_line(&s, &format!("client{c}"), &t.engine);
                     m.commands.push(format!("fio {}", fio::shell_join(&args)));
                     argvs.push((s, args));
