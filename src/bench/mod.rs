@@ -17,7 +17,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 use suites::{Job, JobKind, MetaOp, Metric};
 use targets::{Target, TargetSpec};
@@ -103,16 +103,6 @@ pub struct Measurement {
 fn settle_page_cache() {
     // SAFETY: sync(2) takes no arguments and cannot fail.
     unsafe { libc::sync() };
-}
-
-/// Before a fio job on a server the bench started: the job's file fully cached, in the
-/// same state for every target and job (see `pagecache`). The local disk's jobs use
-/// direct I/O, and external servers' files are out of reach.
-fn warm_server_file(t: &Target, file: &str) -> Result<()> {
-    match t.data_dir() {
-        Some(dir) if !t.is_local() => pagecache::warm(&dir.join(file)).map(drop),
-        _ => Ok(()),
-    }
 }
 
 /// Of one target's repetitions of a job, the measurement with the median figure (the
@@ -459,7 +449,6 @@ impl Runner {
         match &job.kind {
             JobKind::Fio(s) => {
                 self.ensure_file(t, &s.file, s.size)?;
-                warm_server_file(t, &s.file)?;
                 settle_page_cache();
                 let args = fio::command_line(s, &slug(&job.name), &t.engine);
                 m.commands.push(format!("fio {}", fio::shell_join(&args)));
@@ -505,7 +494,6 @@ impl Runner {
                     let mut s = shape.clone();
                     s.file = format!("scale-c{c}.dat");
                     self.ensure_file(t, &s.file, s.size)?;
-                    warm_server_file(t, &s.file)?;
                     let args = fio::command_line(&s, &format!("client{c}"), &t.engine);
                     m.commands.push(format!("fio {}", fio::shell_join(&args)));
                     argvs.push((s, args));
@@ -834,6 +822,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let mut facts = report::machine_facts(&out);
     facts.push(("fio".into(), format!("{} (libnfs engine; {})", fio::version(&fio_bin), fio_bin.file_name().unwrap().to_string_lossy())));
     facts.push(("local fio engine".into(), format!("{local_engine}, direct=1")));
+    facts.push((
+        "idle page-cache reclaim".into(),
+        pagecache::idle_page_reclaim(Path::new("/sys/kernel/mm/damon/admin")).unwrap_or_else(|| "none found".into()),
+    ));
     let results = Results {
         suite: args.suite.clone(),
         command: std::iter::once("nasd".to_string()).chain(std::env::args().skip(1)).collect::<Vec<_>>().join(" "),
