@@ -5,7 +5,8 @@
 //! the file is then cached in (4 KiB folios fetched by random reads, or large folios from
 //! sequential I/O) changes what later jobs cost: large writes into 4 KiB folios take the
 //! kernel about twice the work per MiB, and 4 KiB random writes into large folios ran at a
-//! sixth of their rate into 4 KiB ones (docs/performance.md). The report names such a policy so figures are read with it in mind.
+//! sixth of their rate into 4 KiB ones (docs/performance.md). The report names such a
+//! policy so that figures are read with it in mind.
 
 use std::path::Path;
 
@@ -32,7 +33,7 @@ pub fn idle_page_reclaim(damon: &Path) -> Option<String> {
                 }
                 let min_age: Option<u64> = read(&scheme.join("access_pattern/age/min")).and_then(|v| v.parse().ok());
                 found.push(match (aggr_us, min_age) {
-                    (Some(a), Some(m)) => format!("DAMON pageout of memory idle ≥ {} s", (a * m) as f64 / 1e6),
+                    (Some(a), Some(m)) => format!("DAMON pageout of memory idle ≥ {} s", a.saturating_mul(m) as f64 / 1e6),
                     _ => "DAMON pageout".to_string(),
                 });
             }
