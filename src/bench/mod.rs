@@ -17,7 +17,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 use suites::{Job, JobKind, MetaOp, Metric};
 use targets::{Target, TargetSpec};
@@ -822,10 +822,6 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let mut facts = report::machine_facts(&out);
     facts.push(("fio".into(), format!("{} (libnfs engine; {})", fio::version(&fio_bin), fio_bin.file_name().unwrap().to_string_lossy())));
     facts.push(("local fio engine".into(), format!("{local_engine}, direct=1")));
-    facts.push((
-        "idle page-cache reclaim".into(),
-        pagecache::idle_page_reclaim(Path::new("/sys/kernel/mm/damon/admin")).unwrap_or_else(|| "none found".into()),
-    ));
     let results = Results {
         suite: args.suite.clone(),
         command: std::iter::once("nasd".to_string()).chain(std::env::args().skip(1)).collect::<Vec<_>>().join(" "),

@@ -579,7 +579,7 @@ fn cmd(argv: &[&str]) -> String {
         .unwrap_or_default()
 }
 
-/// CPU, cores, memory, kernel, OS, file system of `dir`, versions.
+/// CPU, cores, memory, kernel, OS, file system of `dir`, versions, idle page-cache reclaim.
 pub fn machine_facts(dir: &Path) -> Vec<(String, String)> {
     let cpuinfo = read("/proc/cpuinfo");
     let cpu = cpuinfo.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split_once(':')).map(|(_, v)| v.trim().to_string()).unwrap_or_default();
@@ -600,6 +600,10 @@ pub fn machine_facts(dir: &Path) -> Vec<(String, String)> {
         ("file system of the data".into(), format!("{fs} on {dev}")),
         ("nasd".into(), format!("{} (this build)", env!("CARGO_PKG_VERSION"))),
         ("libnfs".into(), if libnfs.is_empty() { "unknown".into() } else { libnfs }),
+        (
+            "idle page-cache reclaim".into(),
+            super::pagecache::idle_page_reclaim(Path::new("/sys/kernel/mm/damon/admin")).unwrap_or_else(|| "none found".into()),
+        ),
     ]
 }
 
