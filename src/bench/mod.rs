@@ -105,6 +105,17 @@ fn settle_page_cache() {
     unsafe { libc::sync() };
 }
 
+/// Before a fio job on a server the bench started: the job's file wholly cached, in the
+/// folios the job's access pattern would have fetched it in, the same for every target
+/// (see `pagecache`). The local disk's jobs use direct I/O, and external servers' files
+/// are out of reach.
+fn warm_server_file(t: &Target, shape: &fio::FioShape) -> Result<()> {
+    match t.data_dir() {
+        Some(dir) if !t.is_local() => pagecache::warm(&dir.join(&shape.file), pagecache::CacheState::for_pattern(&shape.rw)).map(drop),
+        _ => Ok(()),
+    }
+}
+
 /// Of one target's repetitions of a job, the measurement with the median figure (the
 /// lower middle one for an even count); failed repetitions count only if all failed.
 pub fn median_run(mut reps: Vec<Measurement>, metric: Metric) -> Measurement {
@@ -449,6 +460,7 @@ impl Runner {
         match &job.kind {
             JobKind::Fio(s) => {
                 self.ensure_file(t, &s.file, s.size)?;
+                warm_server_file(t, s)?;
                 settle_page_cache();
                 let args = fio::command_line(s, &slug(&job.name), &t.engine);
                 m.commands.push(format!("fio {}", fio::shell_join(&args)));
@@ -494,6 +506,7 @@ impl Runner {
                     let mut s = shape.clone();
                     s.file = format!("scale-c{c}.dat");
                     self.ensure_file(t, &s.file, s.size)?;
+                    warm_server_file(t, &s)?;
                     let args = fio::command_line(&s, &format!("client{c}"), &t.engine);
                     m.commands.push(format!("fio {}", fio::shell_join(&args)));
                     argvs.push((s, args));

@@ -1,14 +1,76 @@
-//! Page-cache facts of the machine that bear on the figures.
+//! The page-cache state a fio job starts from, and the machine's page-cache facts.
 //!
-//! A host that reclaims page cache left idle (a DAMON `pageout` scheme, say) drops part or
-//! all of a target's file while the other targets take their turn at a job, and the state
-//! the file is then cached in (4 KiB folios fetched by random reads, or large folios from
-//! sequential I/O) changes what later jobs cost: large writes into 4 KiB folios take the
-//! kernel about twice the work per MiB, and 4 KiB random writes into large folios ran at a
-//! sixth of their rate into 4 KiB ones (docs/performance.md). The report names such a
-//! policy so that figures are read with it in mind.
+//! Where a file's pages stand when a job begins changes what the job measures. Pages the
+//! kernel dropped are read from the disk. The size of the folios the rest are cached in
+//! matters as much: large writes into 4 KiB folios take the kernel about twice the work
+//! per MiB, and 4 KiB random writes into large folios ran at a sixth of their rate into
+//! 4 KiB ones (docs/performance.md). Between one target's run of a job and its next the
+//! other targets run for tens of seconds, long enough for a host that reclaims idle page
+//! cache (a DAMON `pageout` scheme, say) to drop some or all of the file, by its own
+//! timing. So before each fio job on a server the bench drops the file's cached pages and
+//! reads it through once, in the way the job's own access pattern would have fetched it
+//! from the disk: every target starts each job with the whole file cached, in the same
+//! folios, whatever ran before. The report also names such a reclaim policy.
 
+use anyhow::{Context, Result};
+use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::path::Path;
+
+/// How a job's file is cached when the job starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheState {
+    /// In 4 KiB folios: what random reads leave, each fetching only the pages it needs.
+    SmallFolios,
+    /// In the large folios that a sequential read's readahead leaves.
+    LargeFolios,
+}
+
+impl CacheState {
+    /// The state a job of fio access pattern `rw` would leave had it fetched the file from
+    /// the disk itself: random patterns small folios, sequential ones large.
+    pub fn for_pattern(rw: &str) -> Self {
+        if rw.starts_with("rand") {
+            CacheState::SmallFolios
+        } else {
+            CacheState::LargeFolios
+        }
+    }
+}
+
+/// Writes back `path`'s dirty pages, drops its cached pages and reads it through once so
+/// that all of it is cached in `state`. Returns the bytes read.
+pub fn warm(path: &Path, state: CacheState) -> Result<u64> {
+    let f = File::open(path).with_context(|| format!("opening {} to warm its cache", path.display()))?;
+    // Dirty pages survive DONTNEED; write them back first.
+    f.sync_data().with_context(|| format!("syncing {}", path.display()))?;
+    fadvise(&f, libc::POSIX_FADV_DONTNEED).with_context(|| format!("dropping the cached pages of {}", path.display()))?;
+    // With FADV_RANDOM the kernel reads just the pages asked for, into order-0 folios,
+    // and still in one request per read: the whole file comes in at near sequential speed.
+    let advice = match state {
+        CacheState::SmallFolios => libc::POSIX_FADV_RANDOM,
+        CacheState::LargeFolios => libc::POSIX_FADV_SEQUENTIAL,
+    };
+    fadvise(&f, advice).with_context(|| format!("advising the access pattern of {}", path.display()))?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        match std::os::unix::fs::FileExt::read_at(&f, &mut buf, total) {
+            Ok(0) => return Ok(total),
+            Ok(n) => total += n as u64,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        }
+    }
+}
+
+fn fadvise(f: &File, advice: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: plain syscall on a descriptor `f` keeps open.
+    match unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, advice) } {
+        0 => Ok(()),
+        e => Err(std::io::Error::from_raw_os_error(e)),
+    }
+}
 
 /// Host policies that drop idle page cache behind the bench's back, for the report's
 /// machine facts: DAMON `pageout` schemes of running kdamonds (`damon` is the DAMON sysfs
@@ -46,6 +108,88 @@ pub fn idle_page_reclaim(damon: &Path) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
+    use std::os::unix::fs::FileExt;
+
+    /// Where `path`'s pages stand: (pages of the file, pages cached, cached pages that
+    /// belong to folios of more than one page). The last is None where the kernel hides
+    /// page frames from this process (it needs root).
+    fn census(path: &Path) -> (usize, usize, Option<usize>) {
+        let f = File::open(path).unwrap();
+        let len = f.metadata().unwrap().len() as usize;
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        let pages = len.div_ceil(page);
+        let mut vec = vec![0u8; pages];
+        // SAFETY: a shared read-only mapping of `len` bytes, unmapped before return. Only
+        // pages mincore reports cached are touched, and with readahead off for the
+        // mapping, so the census reads nothing in.
+        let addr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0) };
+        assert_ne!(addr, libc::MAP_FAILED);
+        unsafe {
+            assert_eq!(libc::madvise(addr, len, libc::MADV_RANDOM), 0);
+            assert_eq!(libc::mincore(addr, len, vec.as_mut_ptr()), 0);
+        }
+        let cached: Vec<usize> = (0..pages).filter(|&i| vec[i] & 1 != 0).collect();
+        let frames = (|| {
+            let pagemap = File::open("/proc/self/pagemap").ok()?;
+            let kpageflags = File::open("/proc/kpageflags").ok()?;
+            let mut large = 0;
+            for &i in &cached {
+                let at = addr as usize + i * page;
+                // SAFETY: inside the mapping; the page is cached, so this only maps it.
+                unsafe { std::ptr::read_volatile(at as *const u8) };
+                let mut e = [0u8; 8];
+                pagemap.read_exact_at(&mut e, (at / page * 8) as u64).ok()?;
+                let e = u64::from_ne_bytes(e);
+                let pfn = e & ((1 << 55) - 1);
+                if e >> 63 == 0 || pfn == 0 {
+                    return None;
+                }
+                let mut fl = [0u8; 8];
+                kpageflags.read_exact_at(&mut fl, pfn * 8).ok()?;
+                // KPF_COMPOUND_HEAD (15) and KPF_COMPOUND_TAIL (16).
+                if u64::from_ne_bytes(fl) & (3 << 15) != 0 {
+                    large += 1;
+                }
+            }
+            Some(large)
+        })();
+        // SAFETY: the mapping made above.
+        unsafe { libc::munmap(addr, len) };
+        (pages, cached.len(), frames)
+    }
+
+    #[test]
+    fn warming_caches_the_whole_file_in_the_folios_of_the_access_pattern() {
+        assert_eq!(CacheState::for_pattern("randwrite"), CacheState::SmallFolios);
+        assert_eq!(CacheState::for_pattern("randrw"), CacheState::SmallFolios);
+        assert_eq!(CacheState::for_pattern("read"), CacheState::LargeFolios);
+        assert_eq!(CacheState::for_pattern("write"), CacheState::LargeFolios);
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let mut f = File::create(&path).unwrap();
+        f.write_all(&vec![7u8; 16 << 20]).unwrap();
+        f.sync_all().unwrap();
+
+        assert_eq!(warm(&path, CacheState::LargeFolios).unwrap(), 16 << 20);
+        let (pages, cached, large) = census(&path);
+        assert_eq!(cached, pages, "after a sequential warm-up {cached} of {pages} pages are cached");
+        let Some(large) = large else {
+            eprintln!("folio sizes not checked: /proc/kpageflags needs root");
+            return;
+        };
+        assert_eq!(warm(&path, CacheState::SmallFolios).unwrap(), 16 << 20);
+        let (pages, cached, small_state_large) = census(&path);
+        assert_eq!(cached, pages, "after a random warm-up {cached} of {pages} pages are cached");
+        assert_eq!(small_state_large, Some(0), "a random warm-up leaves only 4 KiB folios");
+        if large == 0 {
+            eprintln!("large folios not checked: this file system caches files in 4 KiB folios only");
+        } else {
+            assert!(large > pages / 2, "a sequential warm-up left only {large} of {pages} pages in large folios");
+        }
+    }
 
     #[test]
     fn reports_running_damon_pageout_schemes_and_their_idle_age() {
