@@ -803,6 +803,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         runner.tree = Some(src);
     }
     let planned_total: f64 = jobs.iter().map(|j| j.planned_secs() * j.repetitions(args.repeat) as f64).sum::<f64>() * tgts.len() as f64;
+    if jobs.iter().any(|j| matches!(j.kind, JobKind::Fio(_) | JobKind::Scale { .. })) {
+        notes.push(pagecache::REPORT_NOTE.into());
+    }
     if args.repeat > 1 {
         notes.push(format!("each fio job ran {} times per target (targets interleaved); tables show the median run, the section Repetitions lists every figure. iozone and metadata jobs ran once.", args.repeat));
     }

@@ -17,6 +17,9 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 
+/// What the report says about the state `warm` sets.
+pub const REPORT_NOTE: &str = "before each fio job on a server the bench started, the job's file was written back, dropped from the page cache and read through once the way the job's own access pattern fetches it: random jobs found it wholly cached in 4 KiB folios, sequential ones in large folios (the local disk's jobs use direct I/O).";
+
 /// How a job's file is cached when the job starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CacheState {
