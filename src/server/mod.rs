@@ -43,6 +43,8 @@ pub(crate) struct Shared {
     pub busy_poll: BusyPoll,
     /// Buffers of finished requests, reused for the next records.
     pub record_pool: RecordPool,
+    /// The exports, for the UDP reply guard (which clients may get large replies).
+    pub state: Arc<ServerState>,
 }
 
 /// A bound server, ready to run.
@@ -153,6 +155,7 @@ impl Server {
             global_requests: Arc::new(Semaphore::new(config.limits.max_requests_in_flight)),
             busy_poll: BusyPoll::new(std::time::Duration::from_micros(config.busy_poll_us)),
             record_pool: RecordPool::new(RECORD_BUFFERS_KEPT),
+            state: state.clone(),
         });
         Ok(Server { shared, state, tcp, udp, metrics_listener, local_addr })
     }

@@ -62,6 +62,13 @@ impl ServerState {
         Ok(opts)
     }
 
+    /// Whether any export admits this client. The resolver is not asked, so a wildcard
+    /// rule counts only for a client whose name is already confirmed (by an earlier MNT).
+    pub fn admits_anywhere(&self, client: std::net::IpAddr) -> bool {
+        let ip = canonical_ip(client);
+        self.exports.iter().any(|rt| matches!(rt.export.options_for(ip, false), Ok(Some(_))))
+    }
+
     /// The export a MOUNT path names (by id) and the path below its root.
     pub fn exports_table_lookup(&self, path: &str) -> Option<(u32, std::path::PathBuf)> {
         let table = crate::exports::ExportTable { exports: self.exports.iter().map(|e| e.export.clone()).collect() };

@@ -1,7 +1,10 @@
 //! RPC over UDP: one datagram, one call. Used by MOUNT and portmap clients that prefer it.
 
 use super::Shared;
-use crate::rpc::Transport;
+use crate::rpc::message::encode_auth_error;
+use crate::rpc::{AuthStat, Transport};
+use crate::xdr::XdrWriter;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::UdpSocket;
 
@@ -34,12 +37,60 @@ pub(crate) async fn serve(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
                     tracing::error!(client = %peer, "reply with file data over UDP; dropped");
                 } else if body.len() > MAX_DATAGRAM {
                     tracing::warn!(client = %peer, bytes = body.len(), "reply too large for a datagram; dropped");
-                } else if let Err(e) = socket.try_send_to(body, peer) {
-                    // UDP is best effort: the client retransmits.
-                    tracing::debug!(client = %peer, error = %e, "udp reply not sent");
+                } else {
+                    let refusal;
+                    let datagram = match guard_reflection(&shared, peer, buf.len(), body) {
+                        Some(r) => {
+                            refusal = r;
+                            refusal.as_slice()
+                        }
+                        None => body,
+                    };
+                    if let Err(e) = socket.try_send_to(datagram, peer) {
+                        // UDP is best effort: the client retransmits.
+                        tracing::debug!(client = %peer, error = %e, "udp reply not sent");
+                    }
                 }
             }
             drop(slot);
         });
+    }
+}
+
+/// A datagram's source address can be forged, so a reply larger than its call would let
+/// anyone reflect amplified traffic at a third party (portmap DUMP and MOUNT EXPORT
+/// answer a 40-byte call with hundreds of bytes). Such a reply goes only to a client some
+/// export admits; any other source gets `AUTH_ERROR`/`AUTH_TOOWEAK` (20 bytes, smaller
+/// than any call) and can ask again over TCP, whose source address is real.
+/// Returns the refusal to send instead of `reply`, if one is due.
+fn guard_reflection(shared: &Shared, peer: SocketAddr, call_len: usize, reply: &[u8]) -> Option<Vec<u8>> {
+    if reply.len() <= call_len || shared.state.admits_anywhere(peer.ip()) {
+        return None;
+    }
+    shared.metrics.record_rpc_error("udp_reply_larger_than_call");
+    tracing::debug!(client = %peer, call = call_len, reply = reply.len(), "large UDP reply to a client no export admits: refused");
+    Some(reflection_refusal(reply))
+}
+
+/// `AUTH_ERROR`/`AUTH_TOOWEAK` with the XID of `reply` (its first word).
+fn reflection_refusal(reply: &[u8]) -> Vec<u8> {
+    let xid = u32::from_be_bytes(reply[..4].try_into().expect("a reply starts with its xid"));
+    let mut w = XdrWriter::new();
+    encode_auth_error(&mut w, xid, AuthStat::TooWeak);
+    w.into_inner()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_refusal_is_smaller_than_any_call_and_keeps_the_xid() {
+        let refusal = reflection_refusal(&[0xde, 0xad, 0xbe, 0xef, 0, 0, 0, 1, 0, 0, 0, 0]);
+        // The smallest call: xid, type, rpcvers, prog, vers, proc, two empty auths.
+        assert!(refusal.len() < 40, "{} bytes", refusal.len());
+        let words: Vec<u32> = refusal.chunks(4).map(|c| u32::from_be_bytes(c.try_into().unwrap())).collect();
+        // xid, REPLY, MSG_DENIED, AUTH_ERROR, AUTH_TOOWEAK
+        assert_eq!(words, [0xdeadbeef, 1, 1, 1, 5]);
     }
 }

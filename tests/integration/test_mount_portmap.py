@@ -182,3 +182,41 @@ def test_portmap_getport_and_the_advertised_port_works(pmap_srv):
     with Nfs3Client(n.host, port, cred=ROOT) as m:
         root = m.root(n.export_dir)
         assert m.getattr(root).ok
+
+
+# ------------------------------------------------------------ UDP reflection
+
+def test_udp_replies_larger_than_the_call_go_only_to_admitted_clients(tmp_path):
+    """A UDP source can be forged: portmap DUMP and MOUNT EXPORT answer a small call with
+    a large reply, which would let anyone bounce amplified traffic off nasd at a victim.
+    A client no export admits gets a refusal no larger than its call instead; admitted
+    clients, and anyone over TCP, get the full answer."""
+    e = make_export(tmp_path)
+    ex = write_exports(tmp_path, [f"{e} 127.0.0.1(rw,insecure)"])
+    pport = free_port()
+    stranger, member = "127.0.0.9", "127.0.0.1"
+    with Nasd(exports_file=ex, args=["--portmap", "--portmap-port", str(pport)]) as n:
+        large_calls = [
+            (pport, PMAP_PROG, 2, rpc.PMAPPROC_DUMP),
+            (pport, PMAP_PROG, 3, rpc.PMAPPROC_DUMP),
+            (n.port, PMAP_PROG, 4, rpc.PMAPPROC_DUMP),
+            (n.port, MOUNT_PROG, 3, rpc.MOUNTPROC_EXPORT),
+        ]
+        for port, prog, vers, proc in large_calls:
+            with RpcClient(n.host, port, proto="udp", src_addr=stranger) as c:
+                xid, call = c.build(prog, vers, proc)
+                refused = c.call_raw(call, xid)
+                assert not refused.accepted, (prog, vers, proc)
+                assert (refused.reject_stat, refused.auth_stat) == (rpc.AUTH_ERROR, rpc.AUTH_TOOWEAK)
+                assert len(refused.raw) <= len(call), (len(refused.raw), len(call))
+            with RpcClient(n.host, port, proto="tcp", src_addr=stranger) as c:
+                full = c.call(prog, vers, proc)
+                assert full.success and len(full.raw) > len(call), (prog, vers, proc)
+            with RpcClient(n.host, port, proto="udp", src_addr=member) as c:
+                answer = c.call(prog, vers, proc)
+                assert answer.success and answer.results == full.results, (prog, vers, proc)
+        # small replies still reach anyone over UDP: a stranger can find the ports
+        with RpcClient(n.host, pport, proto="udp", src_addr=stranger) as c:
+            r = c.call(PMAP_PROG, 2, rpc.PMAPPROC_GETPORT,
+                       Packer().u32(MOUNT_PROG).u32(3).u32(IPPROTO_UDP).u32(0).bytes())
+            assert r.success and r.unpacker().u32() == n.port
