@@ -213,14 +213,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let config = build_config(&args)?;
     let table = match (&args.dir, &config.exports) {
         (Some(dir), _) => single_dir_exports(dir, &args)?,
-        (None, Some(file)) => {
-            let text = std::fs::read_to_string(file).map_err(|e| usage(format!("{}: {e}", file.display())))?;
-            let mut table = parse_exports(&text, &file.display().to_string()).map_err(|e| usage(e.to_string()))?;
-            for e in &mut table.exports {
-                e.path = e.path.canonicalize().map_err(|err| usage(format!("{}: export {}: {err}", file.display(), e.path.display())))?;
-            }
-            table
-        }
+        (None, Some(file)) => read_exports_file(file)?,
         (None, None) => return Err(usage("nothing to serve: give a directory or --exports FILE (see nasd serve --help)")),
     };
     // New files get exactly the mode the client asked for.
@@ -231,10 +224,47 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .max_blocking_threads(64)
         .thread_name("nasd")
         .build()?;
+    let reload_from = if args.dir.is_none() { config.exports.clone() } else { None };
     runtime.block_on(async move {
         let server = Server::bind(&config, table).await?;
+        if let Some(file) = reload_from {
+            tokio::spawn(reload_exports_on_hangup(server.reloader(), file));
+        }
         server.run(shutdown_signal()).await
     })
+}
+
+/// Reads and checks an exports(5) file; export paths come back canonical.
+fn read_exports_file(file: &std::path::Path) -> anyhow::Result<ExportTable> {
+    let text = std::fs::read_to_string(file).map_err(|e| usage(format!("{}: {e}", file.display())))?;
+    let mut table = parse_exports(&text, &file.display().to_string()).map_err(|e| usage(e.to_string()))?;
+    for e in &mut table.exports {
+        e.path = e.path.canonicalize().map_err(|err| usage(format!("{}: export {}: {err}", file.display(), e.path.display())))?;
+    }
+    Ok(table)
+}
+
+/// SIGHUP re-reads the exports file and serves what it says now, as `exportfs -r` does;
+/// a file with an error leaves the exports as they were.
+async fn reload_exports_on_hangup(reloader: crate::server::ExportReloader, file: PathBuf) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangup = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "no SIGHUP handler: the exports file is read only at start");
+            return;
+        }
+    };
+    while hangup.recv().await.is_some() {
+        let (reloader, file) = (reloader.clone(), file.clone());
+        // Opening new exports touches the disk.
+        let outcome = tokio::task::spawn_blocking(move || read_exports_file(&file).and_then(|table| reloader.apply(table))).await;
+        match outcome {
+            Ok(Ok(s)) => tracing::info!(kept = s.kept, added = s.added, removed = s.removed, "exports reloaded"),
+            Ok(Err(e)) => tracing::error!("exports not reloaded, the previous ones are still served: {e:#}"),
+            Err(e) => tracing::error!(error = %e, "exports reload failed"),
+        }
+    }
 }
 
 async fn shutdown_signal() {

@@ -62,9 +62,9 @@ fn world() -> &'static World {
             exports.push(ExportRuntime { export, vfs });
         }
         let state = Arc::new(ServerState::new(exports, HandleKey::from_bytes([7; 32]), metrics.clone()));
-        let rt = &state.exports[0];
+        let rt = state.exports()[0].clone();
         let root = rt.vfs.root();
-        let fh = state.file_handle(rt, &root);
+        let fh = state.file_handle(&rt, &root);
         let mut root_opaque = (fh.len() as u32).to_be_bytes().to_vec();
         root_opaque.extend_from_slice(&fh);
         root_opaque.resize(4 + (fh.len() + 3) / 4 * 4, 0);

@@ -120,8 +120,8 @@ impl Mount3 {
         }
         let (export, rest) = self.state.exports_table_lookup(path).ok_or(MountStatus::NoEnt)?;
         let rt = self.state.export_by_id(export).ok_or(MountStatus::NoEnt)?;
-        let options = self.state.client_options(rt, ctx).map_err(|_| MountStatus::Access)?;
-        let cred = squash(options, &ctx.credential);
+        let options = self.state.client_options(&rt, ctx).map_err(|_| MountStatus::Access)?;
+        let cred = squash(&options, &ctx.credential);
         let mut obj = rt.vfs.root();
         for comp in rest.components() {
             match comp {
@@ -140,7 +140,7 @@ impl Mount3 {
         if attr.kind != FileKind::Directory {
             return Err(MountStatus::NotDir);
         }
-        Ok(self.state.file_handle(rt, &obj))
+        Ok(self.state.file_handle(&rt, &obj))
     }
 
     /// Adds a mount to the list DUMP reports. The list is informational (clients do not
@@ -171,7 +171,7 @@ impl Mount3 {
 
     fn export_list(&self, out: &mut XdrWriter) {
         use crate::exports::ClientSpec;
-        for rt in &self.state.exports {
+        for rt in self.state.exports().iter() {
             out.bool(true);
             out.opaque(rt.export.path.as_os_str().as_encoded_bytes());
             for rule in &rt.export.rules {

@@ -109,12 +109,12 @@ fn blocking(ctx: &CallContext) -> Blocking {
     }
 }
 
-fn admit<'s>(state: &'s ServerState, ctx: &CallContext, fh: &[u8], shape: usize) -> Result<Admitted<'s>, Failure> {
+fn admit(state: &ServerState, ctx: &CallContext, fh: &[u8], shape: usize) -> Result<Admitted, Failure> {
     state.admit(ctx, fh).map_err(fail(shape))
 }
 
 /// Admits a modifying call: refuses it with ROFS on a read-only export.
-fn admit_write<'s>(state: &'s ServerState, ctx: &CallContext, fh: &[u8], shape: usize) -> Result<Admitted<'s>, Failure> {
+fn admit_write(state: &ServerState, ctx: &CallContext, fh: &[u8], shape: usize) -> Result<Admitted, Failure> {
     let adm = admit(state, ctx, fh, shape)?;
     if adm.options.read_only {
         return Err(fail(shape)(VfsError::RoFs));
@@ -155,7 +155,7 @@ fn lookup(state: &ServerState, ctx: &CallContext, at: &DirOp<'_>, out: &mut XdrW
     check_name(at.name, ATTR)?;
     match adm.rt.vfs.lookup(&adm.cred, &adm.obj, at.name) {
         Ok((obj, attr)) => {
-            out.opaque(&state.file_handle(adm.rt, &obj));
+            out.opaque(&state.file_handle(&adm.rt, &obj));
             put_post_op_attr(out, Some(&attr));
             let dir = adm.rt.vfs.getattr(&adm.cred, &adm.obj).ok();
             put_post_op_attr(out, dir.as_ref());
@@ -258,12 +258,12 @@ fn create_like(
     ctx: &CallContext,
     at: &DirOp<'_>,
     out: &mut XdrWriter,
-    op: impl FnOnce(&Admitted<'_>, &[u8]) -> crate::vfs::VfsResult<crate::vfs::Created>,
+    op: impl FnOnce(&Admitted, &[u8]) -> crate::vfs::VfsResult<crate::vfs::Created>,
 ) -> ProcResult {
     let adm = admit_write(state, ctx, at.dir, WCC)?;
     check_name(at.name, WCC)?;
     let c = op(&adm, at.name).map_err(fail(WCC))?;
-    put_post_op_fh(out, Some(&state.file_handle(adm.rt, &c.obj)));
+    put_post_op_fh(out, Some(&state.file_handle(&adm.rt, &c.obj)));
     put_post_op_attr(out, Some(&c.attr));
     put_wcc(out, &c.dir_wcc);
     Ok(())
@@ -347,7 +347,7 @@ fn readdir(
         .vfs
         .readdir(&adm.cred, &adm.obj, cookie, plus, max_entries + 1, &mut |e: DirEntry<'_>| {
             let dir_part = 4 + 8 + 4 + pad4(e.name.len()) + 8;
-            let fh = e.plus.as_ref().map(|(o, _): &(ObjectId, Attr)| state.file_handle(adm.rt, o));
+            let fh = e.plus.as_ref().map(|(o, _): &(ObjectId, Attr)| state.file_handle(&adm.rt, o));
             let plus_part = if plus { 4 + FATTR3_SIZE + 4 + 4 + fh.as_ref().map_or(0, |f| pad4(f.len())) } else { 0 };
             if reply_used + dir_part + plus_part > maxcount || (plus && dir_used + dir_part > dircount.max(512)) {
                 too_small = entries == 0;

@@ -11,7 +11,7 @@ use busy_poll::BusyPoll;
 pub use config::{Config, Limits};
 
 use crate::backend::local::{creds, ChangeCount, LocalConfig, LocalFs};
-use crate::exports::ExportTable;
+use crate::exports::{Export, ExportTable};
 use crate::fh::HandleKey;
 use crate::metrics::Metrics;
 use crate::mount3::Mount3;
@@ -55,6 +55,7 @@ pub struct Server {
     udp: Vec<Arc<UdpSocket>>,
     metrics_listener: Option<TcpListener>,
     local_addr: SocketAddr,
+    reloader: ExportReloader,
 }
 
 /// Startup failures that are the user's to fix (exit status 2).
@@ -90,35 +91,10 @@ impl Server {
         let state_dir = config.state_dir();
         let key = HandleKey::load_or_create(&state_dir)
             .with_context(|| format!("state directory {} (set --state-dir)", state_dir.display()))?;
-        let mut exports = Vec::new();
         let changes = ChangeCount::default();
+        let mut exports = Vec::new();
         for export in table.exports {
-            if !export.path.is_dir() {
-                return Err(UsageError(format!("export {} is not a directory", export.path.display())).into());
-            }
-            // All clients of an export share one backend, so durability is per export:
-            // `async` only if every client rule says so. Data a client was told is safe
-            // must be, whatever another client's rule asks for.
-            let all_async = !export.rules.is_empty() && export.rules.iter().all(|r| !r.options.sync);
-            let sync = !all_async;
-            if sync && export.rules.iter().any(|r| !r.options.sync) {
-                tracing::warn!(
-                    export = %export.path.display(),
-                    "some clients of this export are 'async' and others 'sync': all are served 'sync'"
-                );
-            }
-            let vfs = LocalFs::open(&LocalConfig {
-                path: export.path.clone(),
-                fsid: export.id as u64,
-                sync,
-                cache_capacity: config.limits.open_objects,
-                cache_idle: (config.limits.open_object_idle_secs > 0)
-                    .then(|| std::time::Duration::from_secs(config.limits.open_object_idle_secs)),
-                changes: changes.clone(),
-            })
-            .map_err(|e| UsageError(format!("{e:#}")))?;
-            tracing::info!(path = %export.path.display(), id = export.id, sync, "exporting");
-            exports.push(ExportRuntime { export, vfs });
+            exports.push(open_export(export, &config.limits, &changes)?);
         }
         let mut metrics = Metrics::new();
         metrics.register(crate::nfs3::xdr::PROGRAM, "nfs3", &crate::nfs3::xdr::proc::NAMES);
@@ -157,7 +133,13 @@ impl Server {
             record_pool: RecordPool::new(RECORD_BUFFERS_KEPT),
             state: state.clone(),
         });
-        Ok(Server { shared, state, tcp, udp, metrics_listener, local_addr })
+        let reloader = ExportReloader { state: state.clone(), limits: config.limits.clone(), changes };
+        Ok(Server { shared, state, tcp, udp, metrics_listener, local_addr, reloader })
+    }
+
+    /// What applies a new export table to this server once it runs.
+    pub fn reloader(&self) -> ExportReloader {
+        self.reloader.clone()
     }
 
     /// The NFS/MOUNT listening address (useful when binding port 0).
@@ -189,6 +171,90 @@ impl Server {
         tasks.abort_all();
         drop(self.state);
         Ok(())
+    }
+}
+
+/// Whether an export is served `sync`. All clients of an export share one backend, so
+/// durability is per export: `async` only if every client rule says so. Data a client was
+/// told is safe must be, whatever another client's rule asks for.
+fn export_is_sync(export: &Export) -> bool {
+    let all_async = !export.rules.is_empty() && export.rules.iter().all(|r| !r.options.sync);
+    !all_async
+}
+
+/// Opens the storage behind one export.
+fn open_export(export: Export, limits: &Limits, changes: &ChangeCount) -> anyhow::Result<ExportRuntime> {
+    if !export.path.is_dir() {
+        return Err(UsageError(format!("export {} is not a directory", export.path.display())).into());
+    }
+    let sync = export_is_sync(&export);
+    if sync && export.rules.iter().any(|r| !r.options.sync) {
+        tracing::warn!(
+            export = %export.path.display(),
+            "some clients of this export are 'async' and others 'sync': all are served 'sync'"
+        );
+    }
+    let vfs = LocalFs::open(&LocalConfig {
+        path: export.path.clone(),
+        fsid: export.id as u64,
+        sync,
+        cache_capacity: limits.open_objects,
+        cache_idle: (limits.open_object_idle_secs > 0).then(|| std::time::Duration::from_secs(limits.open_object_idle_secs)),
+        changes: changes.clone(),
+    })
+    .map_err(|e| UsageError(format!("{e:#}")))?;
+    tracing::info!(path = %export.path.display(), id = export.id, sync, "exporting");
+    Ok(ExportRuntime { export, vfs })
+}
+
+/// Applies a new export table to a running server, as `exportfs -r` does for knfsd: new
+/// client rules and options take effect with the next call, exports can be added and
+/// removed, and clients of an export that stays keep their mounts and file handles.
+#[derive(Clone)]
+pub struct ExportReloader {
+    state: Arc<ServerState>,
+    limits: Limits,
+    changes: ChangeCount,
+}
+
+/// What a reload changed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ReloadSummary {
+    pub added: usize,
+    pub removed: usize,
+    pub kept: usize,
+}
+
+impl ExportReloader {
+    /// Serves `table` from now on. An export with the same id, path and durability as one
+    /// served now keeps its storage (open files, caches); any other is opened afresh. On
+    /// an error nothing changes. Blocks on the file system: call it where that may wait.
+    pub fn apply(&self, table: ExportTable) -> anyhow::Result<ReloadSummary> {
+        if table.exports.is_empty() {
+            return Err(UsageError("nothing to export".into()).into());
+        }
+        let current = self.state.exports();
+        let mut summary = ReloadSummary::default();
+        let mut next = Vec::with_capacity(table.exports.len());
+        for export in table.exports {
+            let same = current.iter().find(|rt| {
+                rt.export.id == export.id && rt.export.path == export.path && export_is_sync(&rt.export) == export_is_sync(&export)
+            });
+            let rt = match same {
+                Some(rt) => {
+                    summary.kept += 1;
+                    ExportRuntime { export, vfs: rt.vfs.clone() }
+                }
+                None => {
+                    summary.added += 1;
+                    open_export(export, &self.limits, &self.changes)?
+                }
+            };
+            next.push(Arc::new(rt));
+        }
+        summary.removed = current.len() - summary.kept;
+        self.state.replace_exports(next);
+        Ok(summary)
     }
 }
 

@@ -6,9 +6,13 @@ use crate::fh::HandleKey;
 use crate::metrics::Metrics;
 use crate::rpc::CallContext;
 use crate::vfs::{Cred, ObjectId, Vfs, VfsError};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use std::collections::BTreeSet;
 use std::sync::Arc;
+
+/// The exports being served. A reload replaces the whole list at once; a call keeps the
+/// export it was admitted to until it is answered.
+pub type ExportList = Arc<Vec<Arc<ExportRuntime>>>;
 
 pub struct ExportRuntime {
     pub export: Export,
@@ -16,7 +20,7 @@ pub struct ExportRuntime {
 }
 
 pub struct ServerState {
-    pub exports: Vec<ExportRuntime>,
+    exports: RwLock<ExportList>,
     pub handle_key: HandleKey,
     /// (client address, mounted path) pairs for MOUNT DUMP.
     pub mounts: Mutex<BTreeSet<(String, String)>>,
@@ -27,17 +31,17 @@ pub struct ServerState {
 
 /// A call admitted to an export: the object, the client's options and the squashed
 /// identity to run as.
-pub struct Admitted<'a> {
-    pub rt: &'a ExportRuntime,
+pub struct Admitted {
+    pub rt: Arc<ExportRuntime>,
     pub obj: ObjectId,
-    pub options: &'a ExportOptions,
+    pub options: ExportOptions,
     pub cred: Cred,
 }
 
 impl ServerState {
     pub fn new(exports: Vec<ExportRuntime>, handle_key: HandleKey, metrics: Arc<Metrics>) -> Self {
         Self {
-            exports,
+            exports: RwLock::new(Arc::new(exports.into_iter().map(Arc::new).collect())),
             handle_key,
             mounts: Mutex::new(BTreeSet::new()),
             metrics,
@@ -45,12 +49,23 @@ impl ServerState {
         }
     }
 
-    pub fn export_by_id(&self, id: u32) -> Option<&ExportRuntime> {
-        self.exports.iter().find(|e| e.export.id == id)
+    /// The exports as of now.
+    pub fn exports(&self) -> ExportList {
+        self.exports.read().clone()
+    }
+
+    /// Serves `exports` from now on. Calls already admitted finish on the export they
+    /// were admitted to.
+    pub fn replace_exports(&self, exports: Vec<Arc<ExportRuntime>>) {
+        *self.exports.write() = Arc::new(exports);
+    }
+
+    pub fn export_by_id(&self, id: u32) -> Option<Arc<ExportRuntime>> {
+        self.exports.read().iter().find(|e| e.export.id == id).cloned()
     }
 
     /// The options this client gets on `rt`, or why it is refused.
-    pub fn client_options<'a>(&self, rt: &'a ExportRuntime, ctx: &CallContext) -> Result<&'a ExportOptions, VfsError> {
+    pub fn client_options(&self, rt: &ExportRuntime, ctx: &CallContext) -> Result<ExportOptions, VfsError> {
         let ip = canonical_ip(ctx.peer.ip());
         // On a thread that must not wait, a name the resolver would have to find moves the
         // call to one that may.
@@ -59,19 +74,19 @@ impl ServerState {
             tracing::debug!(client = %ctx.peer, export = %rt.export.path.display(), "refused: source port is not privileged (export is 'secure')");
             return Err(VfsError::Perm);
         }
-        Ok(opts)
+        Ok(opts.clone())
     }
 
     /// Whether any export admits this client. The resolver is not asked, so a wildcard
     /// rule counts only for a client whose name is already confirmed (by an earlier MNT).
     pub fn admits_anywhere(&self, client: std::net::IpAddr) -> bool {
         let ip = canonical_ip(client);
-        self.exports.iter().any(|rt| matches!(rt.export.options_for(ip, false), Ok(Some(_))))
+        self.exports.read().iter().any(|rt| matches!(rt.export.options_for(ip, false), Ok(Some(_))))
     }
 
     /// The export a MOUNT path names (by id) and the path below its root.
     pub fn exports_table_lookup(&self, path: &str) -> Option<(u32, std::path::PathBuf)> {
-        let table = crate::exports::ExportTable { exports: self.exports.iter().map(|e| e.export.clone()).collect() };
+        let table = crate::exports::ExportTable { exports: self.exports.read().iter().map(|e| e.export.clone()).collect() };
         table.for_mount_path(path).map(|(e, rest)| (e.id, rest))
     }
 
@@ -80,11 +95,11 @@ impl ServerState {
     }
 
     /// Verifies a wire handle and admits the caller to its export.
-    pub fn admit(&self, ctx: &CallContext, fh: &[u8]) -> Result<Admitted<'_>, VfsError> {
+    pub fn admit(&self, ctx: &CallContext, fh: &[u8]) -> Result<Admitted, VfsError> {
         let (export_id, obj) = self.handle_key.decode(fh)?;
         let rt = self.export_by_id(export_id).ok_or(VfsError::Stale)?;
-        let options = self.client_options(rt, ctx)?;
-        let cred = squash(options, &ctx.credential);
+        let options = self.client_options(&rt, ctx)?;
+        let cred = squash(&options, &ctx.credential);
         Ok(Admitted { rt, obj, options, cred })
     }
 }

@@ -1,0 +1,78 @@
+"""Reloading the exports file on SIGHUP, as `exportfs -r` does: new rules take effect
+for clients already connected, exports come and go, handles of exports that stay keep
+working, and a broken file changes nothing."""
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `import rig`
+
+from rig.nasd import Nasd  # noqa: E402
+from rig import rpc  # noqa: E402
+from rig.rpc import Nfs3Client  # noqa: E402
+from integration._common import ROOT, make_export, write_exports  # noqa: E402
+
+
+def _reload(n: Nasd, tmp_path: Path, lines) -> int:
+    """Writes the exports file, sends SIGHUP and waits for nasd to log the outcome.
+    Returns the log length before, so the caller can read what this reload logged."""
+    before = len(n.log())
+    write_exports(tmp_path, lines)
+    os.kill(n.pid, signal.SIGHUP)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        tail = n.log()[before:]
+        if "exports reloaded" in tail or "exports not reloaded" in tail:
+            return before
+        n.check_alive()
+        time.sleep(0.05)
+    raise AssertionError(f"no reload logged after SIGHUP\n{n.log()[-2000:]}")
+
+
+def test_sighup_applies_the_edited_exports_file(tmp_path):
+    a = make_export(tmp_path, "a")
+    b = make_export(tmp_path, "b")
+    (a / "kept").write_bytes(b"a file")
+    ex = write_exports(tmp_path, [f"{a} 127.0.0.1(ro,no_root_squash,insecure)"])
+    with Nasd(exports_file=ex) as n, Nfs3Client(n.host, n.port, cred=ROOT) as c:
+        root = c.root(str(a))
+        kept = c.lookup(root, "kept").fh
+        assert c.create(root, "new1").status == rpc.NFS3ERR_ROFS
+        assert c.mnt(str(b)).status != rpc.MNT3_OK
+
+        # ro -> rw, and a second export: the connected client and its handles go on
+        start = _reload(n, tmp_path, [f"{a} 127.0.0.1(rw,no_root_squash,insecure)",
+                                      f"{b} *(rw,no_root_squash,insecure)"])
+        assert "exports reloaded" in n.log()[start:]
+        assert c.create(root, "new1").ok
+        assert c.read(kept).data == b"a file"
+        assert (a / "new1").exists()
+        assert c.mnt(str(b)).status == rpc.MNT3_OK
+        assert {p for p, _ in c.mount_export()} == {os.path.realpath(a), os.path.realpath(b)}
+
+        # a file with an error is refused, and what was served stays served
+        start = _reload(n, tmp_path, [f"{a} 127.0.0.1(rw,bogus_option)"])
+        assert "exports not reloaded" in n.log()[start:]
+        assert c.create(root, "new2").ok
+        assert c.mnt(str(b)).status == rpc.MNT3_OK
+
+        # the client's address no longer admitted: refused at once, on the same connection
+        _reload(n, tmp_path, [f"{a} 127.0.0.2(rw,no_root_squash,insecure)",
+                              f"{b} *(rw,no_root_squash,insecure)"])
+        assert c.getattr(kept).status == rpc.NFS3ERR_ACCES
+        assert c.mnt(str(a)).status == rpc.MNT3ERR_ACCES
+
+        # an export taken out: its handles go stale, the other export goes on
+        broot = c.root(str(b))
+        _reload(n, tmp_path, [f"{b} *(rw,no_root_squash,insecure)"])
+        assert c.getattr(kept).status == rpc.NFS3ERR_STALE
+        assert c.getattr(broot).ok
+        assert [p for p, _ in c.mount_export()] == [os.path.realpath(b)]
+
+        # and put back: the old handles work again, as after a restart
+        _reload(n, tmp_path, [f"{a} 127.0.0.1(rw,no_root_squash,insecure)"])
+        assert c.read(kept).data == b"a file"
+        assert c.getattr(broot).status == rpc.NFS3ERR_STALE
