@@ -1,0 +1,100 @@
+"""The system's own RPC tools against nasd's embedded portmapper and MOUNT service:
+`rpcinfo` (Debian's rpcbind package) and `showmount` (nfs-common), clients nasd did not
+write. nasd runs in a network namespace of its own, so port 111 there is nasd's alone."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `import rig`
+
+from rig.nasd import Nasd  # noqa: E402
+from rig.netns import Netns  # noqa: E402
+from rig import rpc  # noqa: E402
+from rig.rpc import Nfs3Client  # noqa: E402
+from integration._common import ROOT, make_export, write_exports  # noqa: E402
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespace, port 111)"),
+    pytest.mark.skipif(shutil.which("rpcinfo") is None, reason="rpcinfo not installed (Debian package rpcbind)"),
+]
+
+
+def _run(ns: Netns, *cmd: str) -> subprocess.CompletedProcess:
+    return ns.run(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+
+
+@pytest.fixture
+def served(tmp_path):
+    """nasd with the portmapper on 111 in a fresh namespace; the exports file admits
+    `127.0.0.1` unless a test rewrites it."""
+    export = make_export(tmp_path, "share")
+    ex = write_exports(tmp_path, [f"{export} 127.0.0.1(rw,insecure,no_root_squash) 10.9.0.0/16(ro)"])
+    with Netns() as ns, Nasd(exports_file=ex, netns=ns, args=["--portmap"]) as n:
+        yield ns, n, export
+
+
+def test_rpcinfo_finds_nfs_and_mount_through_the_embedded_portmapper(served):
+    ns, n, _ = served
+    p = _run(ns, "rpcinfo", "-p", "127.0.0.1")          # portmap v2 DUMP over TCP
+    assert p.returncode == 0, p.stderr
+    rows = {tuple(line.split()[:4]) for line in p.stdout.splitlines()[1:]}
+    for proto in ("tcp", "udp"):
+        assert ("100003", "3", proto, str(n.port)) in rows, p.stdout
+        assert ("100005", "3", proto, str(n.port)) in rows, p.stdout
+        for vers in ("2", "3", "4"):
+            assert ("100000", vers, proto, "111") in rows, p.stdout
+    assert not any(r[0] in ("100003", "100005") and r[1] != "3" for r in rows), "only version 3 is served"
+
+    p = _run(ns, "rpcinfo", "127.0.0.1")                # rpcbind v4 DUMP: universal addresses
+    assert p.returncode == 0, p.stderr
+    port = n.port
+    uaddr = f"127.0.0.1.{port >> 8}.{port & 0xff}"
+    assert re.search(rf"^\s*100003\s+3\s+tcp\s+{re.escape(uaddr)}\s", p.stdout, re.M), p.stdout
+
+    # NULL calls through the addresses the portmapper gave out, over both transports
+    for flag, prog in (("-t", "nfs"), ("-u", "nfs"), ("-t", "mountd"), ("-u", "mountd")):
+        p = _run(ns, "rpcinfo", flag, "127.0.0.1", prog, "3")
+        assert p.returncode == 0 and "ready and waiting" in p.stdout, (flag, prog, p.stdout, p.stderr)
+    # a version nasd does not serve is not advertised
+    p = _run(ns, "rpcinfo", "-t", "127.0.0.1", "nfs", "4")
+    assert p.returncode != 0 and "program not registered" in p.stderr.lower(), (p.stdout, p.stderr)
+
+
+def test_rpcinfo_over_udp_is_refused_to_a_source_no_export_admits(served, tmp_path):
+    """The portmapper's dump is far larger than the call asking for it; over UDP, whose
+    source can be forged, only admitted clients get it (see docs/reliability.md)."""
+    ns, n, export = served
+    assert _run(ns, "rpcinfo", "-T", "udp", "-s", "127.0.0.1").returncode == 0
+    write_exports(tmp_path, [f"{export} 127.0.0.2(rw,insecure)"])
+    n.restart()
+    refused = _run(ns, "rpcinfo", "-T", "udp", "-s", "127.0.0.1")
+    assert refused.returncode != 0
+    assert "too weak" in refused.stderr, refused.stderr
+    over_tcp = _run(ns, "rpcinfo", "-T", "tcp", "-s", "127.0.0.1")
+    assert over_tcp.returncode == 0 and "mountd" in over_tcp.stdout, over_tcp.stderr
+
+
+@pytest.mark.skipif(shutil.which("showmount") is None, reason="showmount not installed (Debian package nfs-common)")
+def test_showmount_lists_exports_and_mounts(served):
+    ns, n, export = served
+    p = _run(ns, "showmount", "-e", "127.0.0.1")
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == "Export list for 127.0.0.1:"
+    path, clients = lines[1].split()
+    assert path == os.path.realpath(export)
+    assert clients.split(",") == ["127.0.0.1", "10.9.0.0/16"]
+
+    def mount():
+        with Nfs3Client("127.0.0.1", n.port, cred=ROOT) as c:
+            assert c.mnt(os.path.realpath(export)).status == rpc.MNT3_OK
+    ns.call(mount, timeout=30)
+    p = _run(ns, "showmount", "-a", "127.0.0.1")
+    assert p.returncode == 0, p.stderr
+    assert f"127.0.0.1:{os.path.realpath(export)}" in p.stdout.splitlines()[1:], p.stdout
