@@ -178,10 +178,24 @@ fn client_name(client: IpAddr, may_resolve: bool) -> Result<Option<String>, Name
     let name = confirmed_name(client, reverse_name, forward_addresses);
     let mut names = names.lock();
     if names.len() >= NAME_CACHE_ENTRIES {
-        names.clear();
+        make_room(&mut names, NAME_CACHE_ENTRIES / 2);
     }
     names.insert(client, (name.clone(), Instant::now()));
     Ok(name)
+}
+
+/// Shrinks a full name cache to at most `keep` entries: expired ones go first, then the
+/// oldest. Clearing it all would send every active client back to the resolver at once.
+fn make_room(names: &mut HashMap<IpAddr, (Option<String>, Instant)>, keep: usize) {
+    names.retain(|_, (_, at)| at.elapsed() < NAME_TTL);
+    if keep == 0 {
+        names.clear();
+    } else if names.len() > keep {
+        let mut ages: Vec<Instant> = names.values().map(|(_, at)| *at).collect();
+        ages.sort_unstable_by(|a, b| b.cmp(a));
+        let cutoff = ages[keep - 1];
+        names.retain(|_, (_, at)| *at >= cutoff);
+    }
 }
 
 /// Keeps the higher-ranked rule; on a tie the earlier one.
@@ -279,6 +293,23 @@ pub fn canonical_ip(ip: IpAddr) -> IpAddr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_name_cache_drops_the_expired_then_the_oldest_entries() {
+        let now = Instant::now();
+        let mut names = HashMap::new();
+        let ip = |i: u32| IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i));
+        for i in 0..10u32 {
+            names.insert(ip(i), (None, now - Duration::from_secs(u64::from(i))));
+        }
+        names.insert(ip(99), (None, now - NAME_TTL - Duration::from_secs(1)));
+        make_room(&mut names, 4);
+        let mut kept: Vec<IpAddr> = names.keys().copied().collect();
+        kept.sort();
+        assert_eq!(kept, (0..4).map(ip).collect::<Vec<_>>(), "the four youngest stay");
+        make_room(&mut names, 8);
+        assert_eq!(names.len(), 4, "nothing young is dropped while there is room");
+    }
 
     fn rule(spec: ClientSpec, ro: bool) -> ClientRule {
         ClientRule { spec, options: ExportOptions { read_only: ro, ..Default::default() } }
