@@ -33,20 +33,27 @@ pub fn become_user(cred: &Cred) {
     if !enabled() {
         return;
     }
-    CURRENT.with(|cur| {
-        let mut cur = cur.borrow_mut();
-        if cur.as_ref() == Some(cred) {
-            return;
-        }
-        // SAFETY: plain syscalls on this thread's credentials with valid pointers.
-        unsafe {
-            // Order: groups and gid first while still privileged, fsuid last.
-            libc::syscall(libc::SYS_setgroups, cred.groups.len(), cred.groups.as_ptr());
-            libc::syscall(libc::SYS_setfsgid, cred.gid);
-            libc::syscall(libc::SYS_setfsuid, cred.uid);
-        }
-        *cur = Some(cred.clone());
-    });
+    CURRENT.with(|cur| switch_identity(&mut cur.borrow_mut(), cred));
+}
+
+/// Makes this thread act as `cred`; `current`: what it acts as now (`None`: the server's
+/// own identity, root), updated.
+fn switch_identity(current: &mut Option<Cred>, cred: &Cred) {
+    if current.as_ref() == Some(cred) {
+        return;
+    }
+    let was_root = current.as_ref().is_none_or(|c| c.uid == 0);
+    // SAFETY: plain syscalls on this thread's credentials with valid pointers.
+    unsafe {
+        // Order: groups and gid first while still privileged, fsuid last.
+        libc::syscall(libc::SYS_setgroups, cred.groups.len(), cred.groups.as_ptr());
+        libc::syscall(libc::SYS_setfsgid, cred.gid);
+        libc::syscall(libc::SYS_setfsuid, cred.uid);
+    }
+    if was_root != (cred.uid == 0) {
+        set_resource_override(cred.uid == 0);
+    }
+    *current = Some(cred.clone());
 }
 
 /// Back to full privileges (needed for `open_by_handle_at`).
@@ -55,4 +62,88 @@ pub fn become_root() {
         static ROOT: Cred = Cred::root();
     }
     ROOT.with(become_user);
+}
+
+/// `CAP_SYS_RESOURCE`: exceeding disk quota hard limits and using the blocks ext4 keeps
+/// for root. A changed fsuid drops only the file-system capabilities, so for any caller
+/// but root nasd drops this one as well, as knfsd does: a client's writes then meet the
+/// limits its user meets locally.
+const CAP_SYS_RESOURCE: u32 = 24;
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// Raises or drops `CAP_SYS_RESOURCE` in this thread's effective set, leaving every other
+/// capability as it is (the file-system ones follow the fsuid).
+fn set_resource_override(on: bool) {
+    let mut header = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: capget/capset on the calling thread with a v3 header and two data words.
+    unsafe {
+        if libc::syscall(libc::SYS_capget, &mut header as *mut CapHeader, data.as_mut_ptr()) != 0 {
+            tracing::warn!(error = %std::io::Error::last_os_error(), "capget");
+            return;
+        }
+        let bit = 1u32 << CAP_SYS_RESOURCE;
+        if on {
+            data[0].effective |= bit & data[0].permitted;
+        } else {
+            data[0].effective &= !bit;
+        }
+        if libc::syscall(libc::SYS_capset, &mut header as *mut CapHeader, data.as_ptr()) != 0 {
+            tracing::warn!(error = %std::io::Error::last_os_error(), "capset");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// This thread's effective capabilities, from /proc.
+    fn effective_caps() -> u64 {
+        let status = std::fs::read_to_string("/proc/thread-self/status").expect("status");
+        let line = status.lines().find(|l| l.starts_with("CapEff:")).expect("CapEff");
+        u64::from_str_radix(line["CapEff:".len()..].trim(), 16).expect("hex")
+    }
+
+    #[test]
+    fn callers_other_than_root_lose_the_resource_override() {
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root (capabilities to drop)");
+            return;
+        }
+        // A thread of its own, which ends with the identities it took: they are per thread.
+        std::thread::spawn(|| {
+            let mut current = None;
+            let bit = 1u64 << CAP_SYS_RESOURCE;
+            let held = effective_caps() & bit;
+            if held == 0 {
+                // Containers often withhold it: then only its absence for users is checked.
+                eprintln!("CAP_SYS_RESOURCE not held by this process: checking only that users lack it");
+            }
+            switch_identity(&mut current, &Cred { uid: 1000, gid: 1000, groups: vec![1000] });
+            assert_eq!(effective_caps() & bit, 0, "a user's calls must meet quotas and reserved blocks");
+            assert_eq!(effective_caps() & 0b10, 0, "and no DAC override either");
+            switch_identity(&mut current, &Cred { uid: 1001, gid: 1001, groups: vec![] });
+            assert_eq!(effective_caps() & bit, 0);
+            switch_identity(&mut current, &Cred::root());
+            assert_eq!(effective_caps() & bit, held, "back to root, back to the override");
+            assert_ne!(effective_caps() & 0b10, 0, "and the file-system capabilities");
+        })
+        .join()
+        .expect("thread");
+    }
 }
