@@ -68,7 +68,9 @@ impl VfsError {
             libc::EPERM => VfsError::Perm,
             libc::ENOENT => VfsError::NoEnt,
             libc::ENXIO | libc::ENODEV => VfsError::NxIo,
-            libc::EACCES => VfsError::Access,
+            // ETXTBSY: writing a file a program on the server is executing; NFSv3 has no
+            // code of its own for it.
+            libc::EACCES | libc::ETXTBSY => VfsError::Access,
             libc::EEXIST => VfsError::Exist,
             libc::EXDEV => VfsError::XDev,
             libc::ENOTDIR | libc::ELOOP => VfsError::NotDir,

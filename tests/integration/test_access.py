@@ -199,6 +199,43 @@ def test_supplementary_groups_grant_access_and_17_are_rejected(tmp_path):
 
 
 @needs_root
+def test_a_group_writer_may_truncate_and_touch_but_not_set_times(tmp_path):
+    """`echo x > shared` by a group member who does not own the file: the Linux client
+    sends SETATTR size 0 with mtime = server time (atime unchanged). Anyone who may write
+    may set either time to the server's clock, as with knfsd; only the owner may set
+    chosen times; and a refused SETATTR changes nothing, the size included."""
+    export = make_export(tmp_path)
+    shared = export / "shared"
+    shared.write_bytes(b"old contents")
+    os.chown(shared, 1000, 3000)
+    os.chmod(shared, 0o664)
+    old = os.stat(shared)
+    os.utime(shared, ns=(old.st_atime_ns - 10**10, old.st_mtime_ns - 10**10))
+    before = os.stat(shared)
+    member = auth_sys(1001, 1001, gids=[1001, 3000])
+    stranger = auth_sys(1002, 1002, gids=[1002])
+    with Nasd(export) as n:
+        with Nfs3Client(n.host, n.port, cred=stranger) as c:
+            fh = c.lookup(c.root(n.export_dir), "shared").fh
+            assert c.setattr(fh, mtime="server").status == rpc.NFS3ERR_ACCES
+            assert c.setattr(fh, size=0, mtime="server").status == rpc.NFS3ERR_ACCES
+        assert os.stat(shared).st_size == len(b"old contents")
+        with Nfs3Client(n.host, n.port, cred=member) as c:
+            fh = c.lookup(c.root(n.export_dir), "shared").fh
+            chosen = c.setattr(fh, size=0, mtime=(1_000_000_000, 0))
+            assert chosen.status == rpc.NFS3ERR_PERM, "only the owner sets chosen times"
+            assert os.stat(shared).st_size == len(b"old contents"), "a refused SETATTR truncated the file"
+            assert c.setattr(fh, mode=0o666).status == rpc.NFS3ERR_PERM
+            r = c.setattr(fh, size=0, mtime="server")
+            assert r.ok, f"group writer's O_TRUNC refused: nfsstat3 {r.status}"
+            assert c.setattr(fh, atime="server").ok
+    after = os.stat(shared)
+    assert after.st_size == 0
+    assert after.st_mtime_ns > before.st_mtime_ns and after.st_atime_ns > before.st_atime_ns
+    assert (after.st_uid, after.st_gid, after.st_mode & 0o777) == (1000, 3000, 0o664)
+
+
+@needs_root
 def test_exports_per_client_options_and_exports5_defaults(tmp_path):
     """Each client gets its own options; options not given take exports(5)
     defaults (root_squash, secure)."""

@@ -664,3 +664,28 @@ def test_readdir_stale_verifier_and_added_entries(srv, c, work):
     missing = (originals | {".", ".."}) - set(seen) - set(rest_names)
     assert not missing, f"original names lost when continuing: {sorted(missing)[:5]}"
     assert set(rest_names) <= originals | added | {".", ".."}
+
+
+def test_a_file_clients_read_can_still_be_run_on_the_server(srv, c, work):
+    """READ goes through a read-only descriptor: a program file a client has read can
+    still be executed on the server (a descriptor open for writing makes exec fail with
+    ETXTBSY), and a WRITE to it while it runs is refused, not failed as an I/O error."""
+    import shutil
+    import subprocess
+    d, dfh = work
+    prog = d / "prog"
+    shutil.copy2(shutil.which("sleep"), prog)
+    fh = c.lookup(dfh, "prog").fh
+    assert c.read(fh, 0, 4096).data[:4] == b"\x7fELF"
+    ran = subprocess.run([str(prog), "0"], capture_output=True, text=True)
+    assert ran.returncode == 0, f"exec after a client READ: {ran.stderr.strip()}"
+    running = subprocess.Popen([str(prog), "3"])
+    try:
+        time.sleep(0.3)
+        w = c.write(fh, 0, b"\0\0\0\0")
+        assert w.status == rpc.NFS3ERR_ACCES, f"WRITE to a running program gave nfsstat3 {w.status}"
+    finally:
+        running.kill()
+        running.wait()
+    assert prog.read_bytes()[:4] == b"\x7fELF"
+    assert c.write(fh, 0, b"\x7fELF").ok, "once the program has exited the file takes writes again"

@@ -467,7 +467,9 @@ class nfs3_args:
     """Argument encoders (bytes) for NFSv3 and MOUNT v3 procedures."""
 
     @staticmethod
-    def sattr(mode=None, uid=None, gid=None, size=None) -> bytes:
+    def sattr(mode=None, uid=None, gid=None, size=None, atime=None, mtime=None) -> bytes:
+        """``atime``/``mtime``: None (DONT_CHANGE), "server" (SET_TO_SERVER_TIME) or
+        (seconds, nanoseconds) (SET_TO_CLIENT_TIME)."""
         p = Packer()
         for v in (mode, uid, gid):
             p.bool(v is not None)
@@ -476,7 +478,13 @@ class nfs3_args:
         p.bool(size is not None)
         if size is not None:
             p.u64(size)
-        p.u32(0).u32(0)  # atime, mtime: DONT_CHANGE
+        for t in (atime, mtime):
+            if t is None:
+                p.u32(0)
+            elif t == "server":
+                p.u32(1)
+            else:
+                p.u32(2).u32(t[0]).u32(t[1])
         return p.bytes()
 
     @staticmethod

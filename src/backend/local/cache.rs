@@ -16,9 +16,18 @@ use std::time::{Duration, SystemTime};
 /// One cached object: an `O_PATH` descriptor that names it, lazily a descriptor open for
 /// I/O (read-write for files, read-only for directories), and the group commit that
 /// concurrent stable writes, COMMITs and directory changes share.
+/// The descriptors an object's I/O goes through, each opened when first needed.
+#[derive(Default)]
+pub struct IoFds {
+    /// Read-only (directories: for `fsync`).
+    pub read: Option<Arc<OwnedFd>>,
+    /// Read-write, once the object was written.
+    pub write: Option<Arc<OwnedFd>>,
+}
+
 pub struct CachedObject {
     pub path_fd: OwnedFd,
-    pub io_fd: Mutex<Option<Arc<OwnedFd>>>,
+    pub io_fds: Mutex<IoFds>,
     pub sync: SyncGroup,
     /// Used since the last sweep ([`sweep_idle`]).
     used: AtomicBool,
@@ -28,7 +37,7 @@ impl CachedObject {
     pub fn new(path_fd: OwnedFd) -> Arc<Self> {
         Arc::new(Self {
             path_fd,
-            io_fd: Mutex::new(None),
+            io_fds: Mutex::new(IoFds::default()),
             sync: SyncGroup::default(),
             used: AtomicBool::new(true),
         })

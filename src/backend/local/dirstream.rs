@@ -9,8 +9,10 @@
 //!
 //! A parked stream is only a cache: a call that finds none reopens and seeks, with the
 //! same result; a stream of a directory removed meanwhile reads as empty until evicted.
-//! What the listing shows of entries created or removed meanwhile is what
-//! `getdents` on an open directory shows, which is also what reopening gives.
+//! A stream is continued only while the directory's change and modification times are
+//! those it was parked with: the entries it read ahead predate any change since, and a
+//! client that lists again because the directory changed must see that change, even
+//! where its new listing reaches a cookie an abandoned one was parked at.
 //!
 //! The `statx` calls of READDIRPLUS entries are made in batches ([`StatBatch`]) that
 //! several threads share. A parked stream may carry the batch its next call will need,
@@ -142,6 +144,8 @@ struct Parked {
     cookie: u64,
     /// The stream was opened with this caller's permissions; only it continues it.
     cred: Cred,
+    /// The directory's change and modification times when the stream was parked.
+    dir_times: (Timespec, Timespec),
     stream: DirStream,
 }
 
@@ -151,20 +155,30 @@ pub struct DirStreams {
 }
 
 impl DirStreams {
-    /// The stream of `dir` whose last reply ended at `cookie`, for `cred`.
-    pub fn take(&self, dir: &ObjectId, cookie: u64, cred: &Cred) -> Option<DirStream> {
+    /// The stream of `dir` whose last reply ended at `cookie`, for `cred`, if the
+    /// directory's times are still `dir_times` (a stream parked before a change is dropped).
+    pub fn take(&self, dir: &ObjectId, cookie: u64, cred: &Cred, dir_times: (Timespec, Timespec)) -> Option<DirStream> {
         let mut parked = self.parked.lock();
-        let i = parked.iter().position(|p| p.cookie == cookie && p.dir == *dir && p.cred == *cred)?;
-        parked.remove(i).map(|p| p.stream)
+        loop {
+            let i = parked.iter().position(|p| p.cookie == cookie && p.dir == *dir && p.cred == *cred)?;
+            let p = parked.remove(i)?;
+            if p.dir_times == dir_times {
+                return Some(p.stream);
+            }
+            if let Some(ahead) = p.stream.ahead {
+                ahead.batch.abandon();
+            }
+        }
     }
 
-    /// Keeps a stream for the call that continues `dir` at `cookie`.
-    pub fn park(&self, dir: ObjectId, cookie: u64, cred: &Cred, stream: DirStream) {
+    /// Keeps a stream for the call that continues `dir` at `cookie`; `dir_times`: the
+    /// directory's change and modification times as of the call that read its entries.
+    pub fn park(&self, dir: ObjectId, cookie: u64, cred: &Cred, dir_times: (Timespec, Timespec), stream: DirStream) {
         let mut parked = self.parked.lock();
         if parked.len() >= CAPACITY {
             parked.pop_front();
         }
-        parked.push_back(Parked { dir, cookie, cred: cred.clone(), stream });
+        parked.push_back(Parked { dir, cookie, cred: cred.clone(), dir_times, stream });
     }
 
     #[cfg(test)]

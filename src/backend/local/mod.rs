@@ -210,6 +210,17 @@ fn may_access(cred: &Cred, obj: &CachedObject, attr: &Attr, want: u32) -> VfsRes
     Ok(sys::may_access(obj.path_fd.as_raw_fd(), want)?.unwrap_or_else(|| may(cred, attr, want)))
 }
 
+/// Whether the kernel will let `cred` make the ownership change `attrs` asks for (none
+/// asked: yes): root any; the owner only its group, to one it belongs to; else none.
+fn may_chown(cred: &Cred, attr: &Attr, attrs: &SetAttrs) -> bool {
+    if cred.uid == 0 || !creds::enabled() {
+        return true;
+    }
+    let uid_ok = attrs.uid.is_none_or(|u| u == attr.uid && cred.uid == attr.uid);
+    let gid_ok = attrs.gid.is_none_or(|g| cred.uid == attr.uid && (g == attr.gid || cred.in_group(g)));
+    uid_ok && gid_ok
+}
+
 /// READ and WRITE permission as knfsd grants it: the owner may always read and write its
 /// own file (a file created with mode 0444 must still accept the data that follows), and a
 /// file that may be executed may be read.
@@ -397,24 +408,27 @@ impl LocalFs {
         Ok((o, a))
     }
 
-    /// A descriptor open for I/O: read-write for files (read-only if that is all the
-    /// filesystem allows), read-only for directories. Opened once, as root; callers check
-    /// permissions first.
-    fn io_fd(&self, cred: &Cred, obj: &CachedObject, attr: &Attr) -> VfsResult<Arc<OwnedFd>> {
-        let mut slot = obj.io_fd.lock();
-        if let Some(fd) = slot.as_ref() {
+    /// A descriptor for I/O (`want` with `W`: writing), opened once, as root; callers
+    /// check permissions first. Reading goes through a read-only descriptor, as in knfsd,
+    /// so that a program on the server can still execute a file clients read, and a file
+    /// that may only be read (immutable, on a read-only mount) reads; a read-write one is
+    /// opened for the first write, and serves reads too from then on. A write that cannot
+    /// open one fails with the reason (`ROFS`, `ACCES`) instead of writing through a
+    /// read-only descriptor.
+    fn io_fd(&self, cred: &Cred, obj: &CachedObject, attr: &Attr, want: u32) -> VfsResult<Arc<OwnedFd>> {
+        let writing = want & W != 0;
+        let mut fds = obj.io_fds.lock();
+        if let Some(fd) = fds.write.as_ref().or(if writing { None } else { fds.read.as_ref() }) {
             return Ok(fd.clone());
         }
         let path = sys::proc_fd_path(obj.path_fd.as_raw_fd());
-        let fd = self.as_root(cred, || {
-            if attr.kind == FileKind::Directory {
-                sys::openat(libc::AT_FDCWD, &path, libc::O_RDONLY | libc::O_DIRECTORY, 0)
-            } else {
-                sys::openat(libc::AT_FDCWD, &path, libc::O_RDWR, 0)
-                    .or_else(|_| sys::openat(libc::AT_FDCWD, &path, libc::O_RDONLY, 0))
-            }
-        })?;
-        let fd = Arc::new(fd);
+        let flags = match (attr.kind, writing) {
+            (FileKind::Directory, _) => libc::O_RDONLY | libc::O_DIRECTORY,
+            (_, true) => libc::O_RDWR,
+            (_, false) => libc::O_RDONLY,
+        };
+        let fd = Arc::new(self.as_root(cred, || sys::openat(libc::AT_FDCWD, &path, flags, 0))?);
+        let slot = if writing && attr.kind != FileKind::Directory { &mut fds.write } else { &mut fds.read };
         *slot = Some(fd.clone());
         Ok(fd)
     }
@@ -438,7 +452,7 @@ impl LocalFs {
         if !may_io(cred, obj, attr, want)? {
             return Err(VfsError::Access);
         }
-        self.io_fd(cred, obj, attr)
+        self.io_fd(cred, obj, attr, want)
     }
 
     fn is_root(&self, attr: &Attr) -> bool {
@@ -546,7 +560,8 @@ impl LocalFs {
     /// Makes everything written to `obj` so far durable, sharing the flush with concurrent
     /// callers (group commit).
     fn make_durable(&self, cred: &Cred, obj: &CachedObject, attr: &Attr, kind: SyncKind) -> VfsResult<()> {
-        let fd = self.io_fd(cred, obj, attr)?;
+        // `fsync` works through any descriptor of the file.
+        let fd = self.io_fd(cred, obj, attr, R)?;
         // A failed sync changes the verifier before any caller learns the outcome: a sync
         // that succeeds after it must not be answered with the old one.
         obj.sync.sync(kind, |kind| {
@@ -691,11 +706,35 @@ impl Vfs for LocalFs {
                 return Err(VfsError::NotSync);
             }
         }
+        // The kernel lets only the owner set times unless both become "now"; knfsd lets
+        // anyone who may write set either one to the server's time (`open(O_TRUNC)` by a
+        // group member sends size 0 with mtime = server time, atime unchanged). nasd checks
+        // that permission itself and then sets the times as root. Every check comes before
+        // the first change, so a refused SETATTR changes nothing.
+        let times = attrs.atime != SetTime::Unchanged || attrs.mtime != SetTime::Unchanged;
+        let explicit_times = matches!(attrs.atime, SetTime::Client(_)) || matches!(attrs.mtime, SetTime::Client(_));
+        let owner = cred.uid == 0 || cred.uid == before.uid || !creds::enabled();
+        let touch_as_root = times && !explicit_times && !owner;
+        if touch_as_root && !may_access(cred, &obj, &before, W)? {
+            return Err(VfsError::Access);
+        }
+        if !owner && (explicit_times || attrs.mode.is_some()) || !may_chown(cred, &before, attrs) {
+            return Err(VfsError::Perm);
+        }
         if let Some(size) = attrs.size {
             let fd = self.file_fd_for(cred, &obj, &before, W)?;
             sys::ftruncate(&fd, size)?;
         }
-        self.apply_attrs(&obj.path_fd, before.kind, &SetAttrs { size: None, ..attrs.clone() })?;
+        let rest = SetAttrs { size: None, ..attrs.clone() };
+        if touch_as_root {
+            self.apply_attrs(&obj.path_fd, before.kind, &SetAttrs { atime: SetTime::Unchanged, mtime: SetTime::Unchanged, ..rest })?;
+        } else {
+            self.apply_attrs(&obj.path_fd, before.kind, &rest)?;
+        }
+        if touch_as_root {
+            let raw = obj.path_fd.as_raw_fd();
+            self.as_root(cred, || sys::utimens_fd(raw, &[timespec(attrs.atime), timespec(attrs.mtime)]))?;
+        }
         if self.sync && matches!(before.kind, FileKind::Regular | FileKind::Directory) {
             self.make_durable(cred, &obj, &before, SyncKind::Full)?;
         }
@@ -742,8 +781,12 @@ impl Vfs for LocalFs {
     fn read(&self, cred: &Cred, id: &ObjectId, offset: u64, count: usize, out: &mut Vec<u8>, blocking: Blocking) -> VfsResult<ReadResult> {
         let (_, attr, fd) = self.data_io(cred, id, R)?;
         let nowait = blocking == Blocking::Forbidden;
-        let count = if offset >= attr.size { 0 } else { sys::pread_append(&fd, out, count, offset, nowait)? };
-        let eof = offset.saturating_add(count as u64) >= attr.size;
+        let wanted = count;
+        let count = if offset >= attr.size { 0 } else { sys::pread_append(&fd, out, wanted, offset, nowait)? };
+        // Nothing read where something was asked for is the end of the file, even if the
+        // size taken before the read said otherwise (the file shrank meanwhile): a reply of
+        // no data and no eof makes the Linux client fail the read with EIO.
+        let eof = (count == 0 && wanted > 0) || offset.saturating_add(count as u64) >= attr.size;
         Ok(ReadResult { count, eof, attr })
     }
 
@@ -834,8 +877,11 @@ impl Vfs for LocalFs {
                 }
             }
             CreateHow::Exclusive(verf) => {
-                let a = u32::from_be_bytes(verf[..4].try_into().expect("4")) as i64;
-                let m = u32::from_be_bytes(verf[4..].try_into().expect("4")) as i64;
+                // Without the high bits, as knfsd does: file systems with 32-bit times
+                // (XFS without bigtime) would not keep them, and the check below would
+                // then fail a retransmitted create of the client's own file.
+                let a = (u32::from_be_bytes(verf[..4].try_into().expect("4")) & 0x7fff_ffff) as i64;
+                let m = (u32::from_be_bytes(verf[4..].try_into().expect("4")) & 0x7fff_ffff) as i64;
                 match sys::openat(dfd, &c, excl, 0) {
                     Ok(fd) => {
                         // The verifier lives in atime/mtime until the client's SETATTR.
@@ -990,7 +1036,8 @@ impl Vfs for LocalFs {
         accept: &mut dyn FnMut(DirEntry<'_>) -> bool,
     ) -> VfsResult<ReadDirEnd> {
         let (dobj, dattr) = self.resolve_dir(cred, dir)?;
-        let mut stream = match self.dir_streams.take(dir, cookie, cred) {
+        let dir_times = (dattr.ctime, dattr.mtime);
+        let mut stream = match self.dir_streams.take(dir, cookie, cred, dir_times) {
             Some(s) => s,
             None => {
                 // Opened as the caller so the kernel checks read permission on the directory
@@ -1007,7 +1054,6 @@ impl Vfs for LocalFs {
             }
         };
         let at_root = self.is_root(&dattr);
-        let dir_times = (dattr.ctime, dattr.mtime);
         // Entries looked at ahead are used only if nothing can have changed them since:
         // no modifying call finished here, the directory's times are the same (programs
         // other than this server changing its entries), and they are recent. A READDIR
@@ -1061,7 +1107,7 @@ impl Vfs for LocalFs {
                     if plus {
                         stream.ahead = self.look_ahead(cred, &stream, at_root, max_entries, dir_times);
                     }
-                    self.dir_streams.park(*dir, c, cred, stream);
+                    self.dir_streams.park(*dir, c, cred, dir_times, stream);
                 }
                 return Ok(ReadDirEnd { eof: false, dir_attr: dattr });
             }
@@ -1356,6 +1402,38 @@ mod tests {
     }
 
     #[test]
+    fn a_listing_begun_after_a_change_does_not_continue_a_stream_parked_before_it() {
+        // A client lists a directory, gives up after one reply (its stream is parked with
+        // entries read ahead), files after the next entry are removed, and it lists again
+        // from the start: its second call continues at the same cookie (ext4's cookie is
+        // the position of the next entry, which stays), and must not be answered from the
+        // entries the old stream read before the removals.
+        let (dir, fs) = export();
+        for i in 0..2000 {
+            std::fs::write(dir.path().join(format!("f{i:04}")), b"").expect("create");
+        }
+        let (cred, root) = (Cred::root(), fs.root());
+        let mut kept = HashSet::new();
+        fs.readdir(&cred, &root, 0, false, usize::MAX, &mut |e: DirEntry<'_>| {
+            kept.insert(e.name.to_vec());
+            kept.len() <= 37
+        })
+        .expect("readdir");
+        assert_eq!((kept.len(), fs.dir_streams.len()), (38, 1), "one reply of 37, the stream parked");
+        for i in 0..2000 {
+            let name = format!("f{i:04}");
+            if !kept.contains(name.as_bytes()) {
+                std::fs::remove_file(dir.path().join(name)).expect("remove");
+            }
+        }
+        let (again, calls) = list(&fs, &cred, &root, 37, || {});
+        assert!(calls >= 2);
+        let again: HashSet<Vec<u8>> = again.into_iter().collect();
+        kept.extend([b".".to_vec(), b"..".to_vec()]);
+        assert_eq!(again, kept, "the listing after the removals shows exactly what is left");
+    }
+
+    #[test]
     fn a_parked_stream_serves_only_its_caller() {
         let (dir, fs) = export();
         for i in 0..100 {
@@ -1374,8 +1452,9 @@ mod tests {
         })
         .expect("readdir");
         let other = Cred { uid: 1000, gid: 1000, groups: vec![] };
-        assert!(fs.dir_streams.take(&root, cookie, &other).is_none());
-        assert!(fs.dir_streams.take(&root, cookie, &Cred::root()).is_some());
+        let times = fs.getattr(&Cred::root(), &root).map(|a| (a.ctime, a.mtime)).expect("getattr");
+        assert!(fs.dir_streams.take(&root, cookie, &other, times).is_none());
+        assert!(fs.dir_streams.take(&root, cookie, &Cred::root(), times).is_some());
     }
 
     #[test]
