@@ -13,9 +13,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-/// One cached object: an `O_PATH` descriptor that names it, lazily a descriptor open for
-/// I/O (read-write for files, read-only for directories), and the group commit that
-/// concurrent stable writes, COMMITs and directory changes share.
 /// The descriptors an object's I/O goes through, each opened when first needed.
 #[derive(Default)]
 pub struct IoFds {
@@ -25,6 +22,9 @@ pub struct IoFds {
     pub write: Option<Arc<OwnedFd>>,
 }
 
+/// One cached object: an `O_PATH` descriptor that names it, lazily the descriptors for
+/// its I/O, and the group commit that concurrent stable writes, COMMITs and directory
+/// changes share.
 pub struct CachedObject {
     pub path_fd: OwnedFd,
     pub io_fds: Mutex<IoFds>,
