@@ -257,21 +257,12 @@ async fn reload_exports_on_hangup(reloader: crate::server::ExportReloader, file:
     };
     while hangup.recv().await.is_some() {
         let (reloader, file) = (reloader.clone(), file.clone());
-        // Opening new exports touches the disk, so not on this thread; and not on the
-        // blocking pool either, whose threads keep the file-system identity of the last
-        // client they served: a thread of its own starts as the server's own user.
-        let (done, outcome) = tokio::sync::oneshot::channel();
-        let spawned = std::thread::Builder::new().name("nasd-reload".into()).spawn(move || {
-            let _ = done.send(read_exports_file(&file).and_then(|table| reloader.apply(table)));
-        });
-        if let Err(e) = spawned {
-            tracing::error!(error = %e, "exports not reloaded: no thread to read them");
-            continue;
-        }
-        match outcome.await {
+        // Reading the file and opening new exports touch the disk.
+        let outcome = tokio::task::spawn_blocking(move || reloader.reload(|| read_exports_file(&file))).await;
+        match outcome {
             Ok(Ok(s)) => tracing::info!(kept = s.kept, added = s.added, removed = s.removed, "exports reloaded"),
             Ok(Err(e)) => tracing::error!("exports not reloaded, the previous ones are still served: {e:#}"),
-            Err(_) => tracing::error!("exports not reloaded: the reload thread ended without an answer"),
+            Err(e) => tracing::error!(error = %e, "exports reload failed"),
         }
     }
 }

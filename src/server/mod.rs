@@ -226,10 +226,19 @@ pub struct ReloadSummary {
 }
 
 impl ExportReloader {
+    /// Reads a new export table with `read` and serves it ([`Self::apply`]), both as the
+    /// server itself: the thread this runs on may still act as the last client it served.
+    pub fn reload(&self, read: impl FnOnce() -> anyhow::Result<ExportTable>) -> anyhow::Result<ReloadSummary> {
+        creds::become_root();
+        self.apply(read()?)
+    }
+
     /// Serves `table` from now on. An export with the same id, path and durability as one
     /// served now keeps its storage (open files, caches); any other is opened afresh. On
     /// an error nothing changes. Blocks on the file system: call it where that may wait.
     pub fn apply(&self, table: ExportTable) -> anyhow::Result<ReloadSummary> {
+        // The thread may still act as the last client it served; exports open as the server.
+        creds::become_root();
         if table.exports.is_empty() {
             return Err(UsageError("nothing to export".into()).into());
         }

@@ -38,15 +38,8 @@ pub(crate) async fn serve(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
                 } else if body.len() > MAX_DATAGRAM {
                     tracing::warn!(client = %peer, bytes = body.len(), "reply too large for a datagram; dropped");
                 } else {
-                    let refusal;
-                    let datagram = match guard_reflection(&shared, peer, buf.len(), body) {
-                        Some(r) => {
-                            refusal = r;
-                            refusal.as_slice()
-                        }
-                        None => body,
-                    };
-                    if let Err(e) = socket.try_send_to(datagram, peer) {
+                    let refusal = guard_reflection(&shared, peer, buf.len(), body);
+                    if let Err(e) = socket.try_send_to(refusal.as_deref().unwrap_or(body), peer) {
                         // UDP is best effort: the client retransmits.
                         tracing::debug!(client = %peer, error = %e, "udp reply not sent");
                     }

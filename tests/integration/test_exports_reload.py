@@ -76,3 +76,20 @@ def test_sighup_applies_the_edited_exports_file(tmp_path):
         _reload(n, tmp_path, [f"{a} 127.0.0.1(rw,no_root_squash,insecure)"])
         assert c.read(kept).data == b"a file"
         assert c.getattr(broot).status == rpc.NFS3ERR_STALE
+
+
+def test_a_reload_reads_the_exports_as_the_server_whoever_was_served_last(tmp_path):
+    """The reload runs on a thread of the blocking pool, whose threads keep the identity
+    of the last client they served (UDP calls all run there). An export below a directory
+    only root may search must still be found."""
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o700)
+    a = make_export(locked, "a")
+    ex = write_exports(tmp_path, [f"{a} 127.0.0.1(rw,all_squash,insecure)"])
+    with Nasd(exports_file=ex) as n, Nfs3Client(n.host, n.port, proto="udp", cred=ROOT) as c:
+        root = c.root(str(a))
+        for _ in range(30):
+            assert c.getattr(root).ok   # as nobody (all_squash), on pool threads
+        start = _reload(n, tmp_path, [f"{a} 127.0.0.1(ro,all_squash,insecure)"])
+        assert "exports reloaded" in n.log()[start:], n.log()[start:]
+        assert c.create(root, "x").status == rpc.NFS3ERR_ROFS

@@ -728,12 +728,10 @@ impl Vfs for LocalFs {
         let rest = SetAttrs { size: None, ..attrs.clone() };
         if touch_as_root {
             self.apply_attrs(&obj.path_fd, before.kind, &SetAttrs { atime: SetTime::Unchanged, mtime: SetTime::Unchanged, ..rest })?;
-        } else {
-            self.apply_attrs(&obj.path_fd, before.kind, &rest)?;
-        }
-        if touch_as_root {
             let raw = obj.path_fd.as_raw_fd();
             self.as_root(cred, || sys::utimens_fd(raw, &[timespec(attrs.atime), timespec(attrs.mtime)]))?;
+        } else {
+            self.apply_attrs(&obj.path_fd, before.kind, &rest)?;
         }
         if self.sync && matches!(before.kind, FileKind::Regular | FileKind::Directory) {
             self.make_durable(cred, &obj, &before, SyncKind::Full)?;
