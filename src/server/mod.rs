@@ -50,7 +50,6 @@ pub(crate) struct Shared {
 /// A bound server, ready to run.
 pub struct Server {
     shared: Arc<Shared>,
-    state: Arc<ServerState>,
     tcp: Vec<TcpListener>,
     udp: Vec<Arc<UdpSocket>>,
     metrics_listener: Option<TcpListener>,
@@ -134,7 +133,7 @@ impl Server {
             state: state.clone(),
         });
         let reloader = ExportReloader { state: state.clone(), limits: config.limits.clone(), changes };
-        Ok(Server { shared, state, tcp, udp, metrics_listener, local_addr, reloader })
+        Ok(Server { shared, tcp, udp, metrics_listener, local_addr, reloader })
     }
 
     /// What applies a new export table to this server once it runs.
@@ -169,7 +168,7 @@ impl Server {
         shutdown.await;
         tracing::info!("shutting down");
         tasks.abort_all();
-        drop(self.state);
+        drop(self.shared);
         Ok(())
     }
 }

@@ -418,7 +418,8 @@ impl LocalFs {
     fn io_fd(&self, cred: &Cred, obj: &CachedObject, attr: &Attr, want: u32) -> VfsResult<Arc<OwnedFd>> {
         let writing = want & W != 0;
         let mut fds = obj.io_fds.lock();
-        if let Some(fd) = fds.write.as_ref().or(if writing { None } else { fds.read.as_ref() }) {
+        let cached = if writing { fds.write.as_ref() } else { fds.write.as_ref().or(fds.read.as_ref()) };
+        if let Some(fd) = cached {
             return Ok(fd.clone());
         }
         let path = sys::proc_fd_path(obj.path_fd.as_raw_fd());
@@ -428,7 +429,7 @@ impl LocalFs {
             (_, false) => libc::O_RDONLY,
         };
         let fd = Arc::new(self.as_root(cred, || sys::openat(libc::AT_FDCWD, &path, flags, 0))?);
-        let slot = if writing && attr.kind != FileKind::Directory { &mut fds.write } else { &mut fds.read };
+        let slot = if writing { &mut fds.write } else { &mut fds.read };
         *slot = Some(fd.clone());
         Ok(fd)
     }
