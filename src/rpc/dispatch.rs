@@ -133,13 +133,21 @@ impl Dispatcher {
         let mut w = begin_record(512);
         let header_at = w.len();
         message::encode_success(&mut w, xid);
-        let outcome = program.call(&ctx, &mut r, &mut w);
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| program.call(&ctx, &mut r, &mut w)))
+            .unwrap_or_else(|_| {
+                // A bug of ours, not the client's: answer it, rather than leave the call
+                // in the duplicate request cache as running (its retransmits dropped) and
+                // its connection's task gone.
+                tracing::error!(client = %ctx.peer, xid, program = ctx.program, procedure = ctx.procedure, "the procedure panicked: answered SYSTEM_ERR");
+                Err(ProcError::SystemErr)
+            });
         let status_word = |w: &crate::xdr::XdrWriter| {
             let b = w.as_slice();
             (program.results_start_with_status(ctx.procedure) && b.len() >= RESULTS_OFFSET + 4)
                 .then(|| u32::from_be_bytes(b[RESULTS_OFFSET..RESULTS_OFFSET + 4].try_into().expect("4 bytes")))
         };
-        let status = if outcome.is_ok() { status_word(&w) } else { None };
+        let ran = outcome.is_ok();
+        let status = if ran { status_word(&w) } else { None };
         match outcome {
             Ok(()) => {}
             Err(e @ (ProcError::Drop | ProcError::WouldBlock)) => {
@@ -165,7 +173,14 @@ impl Dispatcher {
         }
         let reply = Arc::new(finish_record(w));
         if let Some(key) = &drc_key {
-            self.drc.complete(key, reply.clone());
+            // Only a call that ran is remembered. One refused or not decoded changed
+            // nothing, so its retransmit may run again; and anyone could otherwise push
+            // the replies of real calls out of the cache with a stream of garbage.
+            if ran {
+                self.drc.complete(key, reply.clone());
+            } else {
+                self.drc.abandon(key);
+            }
         }
         self.metrics.record_call(ctx.program, ctx.procedure, started.elapsed(), status);
         Ok(Some(reply))
@@ -175,5 +190,87 @@ impl Dispatcher {
         let mut w = begin_record(40);
         message::encode_accept_error(&mut w, xid, err, versions);
         Arc::new(finish_record(w))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rpc::{message::encode_call, Credential};
+    use crate::xdr::XdrWriter;
+
+    /// Program 400000, version 1: procedure 1 panics, procedure 2 answers one word; both
+    /// are non-idempotent, so both go through the duplicate request cache.
+    struct Flaky;
+
+    impl RpcProgram for Flaky {
+        fn program(&self) -> u32 {
+            400_000
+        }
+        fn versions(&self) -> (u32, u32) {
+            (1, 1)
+        }
+        fn call(&self, ctx: &CallContext, args: &mut XdrReader<'_>, out: &mut XdrWriter) -> Result<(), ProcError> {
+            match ctx.procedure {
+                1 => panic!("injected"),
+                2 => {
+                    out.u32(args.u32()?);
+                    Ok(())
+                }
+                _ => Err(ProcError::ProcUnavail),
+            }
+        }
+        fn is_non_idempotent(&self, _version: u32, _procedure: u32) -> bool {
+            true
+        }
+    }
+
+    fn call(xid: u32, procedure: u32, args: &[u32]) -> Vec<u8> {
+        let mut w = XdrWriter::new();
+        encode_call(&mut w, xid, 400_000, 1, procedure, &Credential::None);
+        for a in args {
+            w.u32(*a);
+        }
+        w.into_inner()
+    }
+
+    /// The accept status of a framed accepted reply (after the record mark).
+    fn accept_status(reply: &Reply) -> u32 {
+        u32::from_be_bytes(reply.bytes[4 + 20..4 + 24].try_into().unwrap())
+    }
+
+    fn dispatcher() -> Dispatcher {
+        Dispatcher::new(vec![Arc::new(Flaky)], 16, Arc::new(Metrics::new()))
+    }
+
+    const PEER: &str = "127.0.0.1:700";
+
+    #[test]
+    fn a_panicking_procedure_is_answered_system_err_and_its_retransmit_runs_again() {
+        let d = dispatcher();
+        let (peer, local) = (PEER.parse().unwrap(), "127.0.0.1:2049".parse().unwrap());
+        for _ in 0..2 {
+            let reply = d.handle(&call(7, 1, &[]), peer, local, Transport::Tcp).expect("answered");
+            assert_eq!(accept_status(&reply), AcceptError::SystemErr as u32);
+        }
+        assert!(d.drc().is_empty(), "no entry left as running");
+        assert_eq!(d.drc().hits(), 0, "the retransmit ran again instead of being dropped");
+    }
+
+    #[test]
+    fn calls_refused_before_running_are_not_remembered() {
+        let d = dispatcher();
+        let (peer, local) = (PEER.parse().unwrap(), "127.0.0.1:2049".parse().unwrap());
+        let answered = d.handle(&call(1, 2, &[42]), peer, local, Transport::Tcp).expect("answered");
+        assert_eq!(accept_status(&answered), 0);
+        // Undecodable arguments and unknown procedures: answered, not cached.
+        for xid in 2..40 {
+            let reply = d.handle(&call(xid, 2 + xid % 2, &[]), peer, local, Transport::Tcp).expect("answered");
+            let status = accept_status(&reply);
+            assert!(status == AcceptError::GarbageArgs as u32 || status == AcceptError::ProcUnavail as u32, "{status}");
+        }
+        assert_eq!(d.drc().len(), 1, "only the call that ran is kept");
+        let again = d.handle(&call(1, 2, &[42]), peer, local, Transport::Tcp).expect("replayed");
+        assert!(Arc::ptr_eq(&answered, &again), "the reply of the call that ran is still there");
     }
 }

@@ -82,6 +82,32 @@ struct Inner {
     insertions: u64,
 }
 
+impl Inner {
+    /// Drops the oldest answered calls until one more entry fits. A call still running
+    /// keeps its entry, as in knfsd: evicted, its retransmit would run a second time
+    /// beside it. While every entry is running the cache grows past its capacity; running
+    /// calls are bounded by the server's requests in flight.
+    fn make_room(&mut self, capacity: usize) {
+        let mut running = 0;
+        while self.entries.len() >= capacity && running < self.order.len() {
+            let Some((old, number)) = self.order.pop_front() else { break };
+            match self.entries.get(&old) {
+                Some(slot) if slot.insertion == number => match slot.entry {
+                    Entry::Done(_) => {
+                        self.entries.remove(&old);
+                    }
+                    Entry::InProgress => {
+                        self.order.push_back((old, number));
+                        running += 1;
+                    }
+                },
+                // The stale place of a key abandoned and begun again.
+                _ => {}
+            }
+        }
+    }
+}
+
 impl DuplicateRequestCache {
     pub fn new(capacity: usize) -> Self {
         Self { capacity: capacity.max(1), inner: Mutex::new(Inner::default()), hits: AtomicU64::new(0) }
@@ -99,16 +125,7 @@ impl DuplicateRequestCache {
                 Lookup::Replay(reply.clone())
             }
             None => {
-                while inner.entries.len() >= self.capacity {
-                    match inner.order.pop_front() {
-                        Some((old, number)) => {
-                            if inner.entries.get(&old).is_some_and(|slot| slot.insertion == number) {
-                                inner.entries.remove(&old);
-                            }
-                        }
-                        None => break,
-                    }
-                }
+                inner.make_room(self.capacity);
                 // Abandoned keys leave stale copies behind; drop them before they pile up.
                 if inner.order.len() >= 2 * self.capacity {
                     let Inner { entries, order, .. } = &mut *inner;
@@ -197,6 +214,7 @@ mod tests {
         let k = key(1, b"write");
         assert_eq!(drc.begin(&k), Lookup::New);
         assert_eq!(drc.begin(&key(2, b"a")), Lookup::New);
+        drc.complete(&key(2, b"a"), reply(vec![2]));
         // k would have blocked: abandoned and begun again, so it is now newer than 2.
         drc.abandon(&k);
         assert_eq!(drc.begin(&k), Lookup::New);
@@ -207,6 +225,30 @@ mod tests {
         assert_eq!(drc.begin(&key(4, b"a")), Lookup::New);
         assert_eq!(drc.begin(&k), Lookup::Replay(reply(vec![7])), "evicted through its stale place");
         assert_eq!(drc.begin(&key(2, b"a")), Lookup::New, "2 was the oldest");
+    }
+
+    #[test]
+    fn a_call_still_running_is_not_evicted() {
+        let drc = DuplicateRequestCache::new(2);
+        let running = key(1, b"remove");
+        assert_eq!(drc.begin(&running), Lookup::New);
+        // A flood of answered calls pushes out answered calls only.
+        for x in 2..100 {
+            assert_eq!(drc.begin(&key(x, b"a")), Lookup::New);
+            drc.complete(&key(x, b"a"), reply(vec![x as u8]));
+        }
+        assert_eq!(drc.begin(&running), Lookup::InProgress, "its retransmit must not run beside it");
+        drc.complete(&running, reply(vec![1]));
+        assert_eq!(drc.begin(&running), Lookup::Replay(reply(vec![1])));
+        // With every entry running, one more call is still taken in.
+        let drc = DuplicateRequestCache::new(2);
+        for x in 0..3 {
+            assert_eq!(drc.begin(&key(x, b"r")), Lookup::New);
+        }
+        assert_eq!(drc.len(), 3);
+        for x in 0..3 {
+            assert_eq!(drc.begin(&key(x, b"r")), Lookup::InProgress);
+        }
     }
 
     #[test]

@@ -38,8 +38,13 @@ pub(crate) async fn serve(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
                 } else if body.len() > MAX_DATAGRAM {
                     tracing::warn!(client = %peer, bytes = body.len(), "reply too large for a datagram; dropped");
                 } else {
-                    let refusal = guard_reflection(&shared, peer, buf.len(), body);
-                    if let Err(e) = socket.try_send_to(refusal.as_deref().unwrap_or(body), peer) {
+                    let guarded = guard_reflection(&shared, peer, buf.len(), body);
+                    let answer = match &guarded {
+                        Guarded::Reply => Some(body),
+                        Guarded::Refusal(r) => Some(r.as_slice()),
+                        Guarded::Nothing => None,
+                    };
+                    if let Some(Err(e)) = answer.map(|a| socket.try_send_to(a, peer)) {
                         // UDP is best effort: the client retransmits.
                         tracing::debug!(client = %peer, error = %e, "udp reply not sent");
                     }
@@ -50,19 +55,37 @@ pub(crate) async fn serve(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
     }
 }
 
+/// What goes back for a datagram.
+#[derive(Debug, PartialEq, Eq)]
+enum Guarded {
+    Reply,
+    Refusal(Vec<u8>),
+    Nothing,
+}
+
 /// A datagram's source address can be forged, so a reply larger than its call would let
 /// anyone reflect amplified traffic at a third party (portmap DUMP and MOUNT EXPORT
 /// answer a 40-byte call with hundreds of bytes). Such a reply goes only to a client some
 /// export admits; any other source gets `AUTH_ERROR`/`AUTH_TOOWEAK` (20 bytes, smaller
-/// than any call) and can ask again over TCP, whose source address is real.
-/// Returns the refusal to send instead of `reply`, if one is due.
-fn guard_reflection(shared: &Shared, peer: SocketAddr, call_len: usize, reply: &[u8]) -> Option<Vec<u8>> {
+/// than any whole call) and can ask again over TCP, whose source address is real. A call
+/// cut short of a whole header can be smaller than even that refusal: it gets nothing.
+fn guard_reflection(shared: &Shared, peer: SocketAddr, call_len: usize, reply: &[u8]) -> Guarded {
     if reply.len() <= call_len || shared.state.admits_anywhere(peer.ip()) {
-        return None;
+        return Guarded::Reply;
     }
     shared.metrics.record_rpc_error("udp_reply_larger_than_call");
     tracing::debug!(client = %peer, call = call_len, reply = reply.len(), "large UDP reply to a client no export admits: refused");
-    Some(reflection_refusal(reply))
+    refuse(call_len, reply)
+}
+
+/// The refusal of `reply`, if it is no larger than the call.
+fn refuse(call_len: usize, reply: &[u8]) -> Guarded {
+    let refusal = reflection_refusal(reply);
+    if refusal.len() <= call_len {
+        Guarded::Refusal(refusal)
+    } else {
+        Guarded::Nothing
+    }
 }
 
 /// `AUTH_ERROR`/`AUTH_TOOWEAK` with the XID of `reply` (its first word).
@@ -85,5 +108,14 @@ mod tests {
         let words: Vec<u32> = refusal.chunks(4).map(|c| u32::from_be_bytes(c.try_into().unwrap())).collect();
         // xid, REPLY, MSG_DENIED, AUTH_ERROR, AUTH_TOOWEAK
         assert_eq!(words, [0xdeadbeef, 1, 1, 1, 5]);
+    }
+
+    #[test]
+    fn a_call_cut_short_gets_no_refusal_larger_than_itself() {
+        // 8 bytes (xid and CALL) draw a 20-byte AUTH_BADCRED; its 20-byte refusal would
+        // still reflect more than came in.
+        let reply = [0, 0, 0, 9, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1];
+        assert_eq!(refuse(8, &reply), Guarded::Nothing);
+        assert!(matches!(refuse(40, &reply), Guarded::Refusal(r) if r.len() <= 40));
     }
 }
