@@ -173,9 +173,10 @@ impl Dispatcher {
         }
         let reply = Arc::new(finish_record(w));
         if let Some(key) = &drc_key {
-            // Only a call that ran is remembered. One refused or not decoded changed
-            // nothing, so its retransmit may run again; and anyone could otherwise push
-            // the replies of real calls out of the cache with a stream of garbage.
+            // Only a call that ran to its reply is remembered. One refused or not decoded
+            // changed nothing, so its retransmit may run again (anyone could otherwise push
+            // the replies of real calls out of the cache with a stream of garbage), and one
+            // that panicked is better tried again than answered SYSTEM_ERR for good.
             if ran {
                 self.drc.complete(key, reply.clone());
             } else {

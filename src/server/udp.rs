@@ -4,6 +4,7 @@ use super::Shared;
 use crate::rpc::message::encode_auth_error;
 use crate::rpc::{AuthStat, Transport};
 use crate::xdr::XdrWriter;
+use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::UdpSocket;
@@ -38,15 +39,11 @@ pub(crate) async fn serve(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
                 } else if body.len() > MAX_DATAGRAM {
                     tracing::warn!(client = %peer, bytes = body.len(), "reply too large for a datagram; dropped");
                 } else {
-                    let guarded = guard_reflection(&shared, peer, buf.len(), body);
-                    let answer = match &guarded {
-                        Guarded::Reply => Some(body),
-                        Guarded::Refusal(r) => Some(r.as_slice()),
-                        Guarded::Nothing => None,
-                    };
-                    if let Some(Err(e)) = answer.map(|a| socket.try_send_to(a, peer)) {
-                        // UDP is best effort: the client retransmits.
-                        tracing::debug!(client = %peer, error = %e, "udp reply not sent");
+                    if let Some(answer) = guarded_answer(&shared, peer, buf.len(), body) {
+                        if let Err(e) = socket.try_send_to(&answer, peer) {
+                            // UDP is best effort: the client retransmits.
+                            tracing::debug!(client = %peer, error = %e, "udp reply not sent");
+                        }
                     }
                 }
             }
@@ -55,37 +52,25 @@ pub(crate) async fn serve(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
     }
 }
 
-/// What goes back for a datagram.
-#[derive(Debug, PartialEq, Eq)]
-enum Guarded {
-    Reply,
-    Refusal(Vec<u8>),
-    Nothing,
-}
-
 /// A datagram's source address can be forged, so a reply larger than its call would let
 /// anyone reflect amplified traffic at a third party (portmap DUMP and MOUNT EXPORT
 /// answer a 40-byte call with hundreds of bytes). Such a reply goes only to a client some
 /// export admits; any other source gets `AUTH_ERROR`/`AUTH_TOOWEAK` (20 bytes, smaller
-/// than any whole call) and can ask again over TCP, whose source address is real. A call
-/// cut short of a whole header can be smaller than even that refusal: it gets nothing.
-fn guard_reflection(shared: &Shared, peer: SocketAddr, call_len: usize, reply: &[u8]) -> Guarded {
+/// than any whole call) and can ask again over TCP, whose source address is real.
+/// Returns what to send for `reply`, if anything.
+fn guarded_answer<'a>(shared: &Shared, peer: SocketAddr, call_len: usize, reply: &'a [u8]) -> Option<Cow<'a, [u8]>> {
     if reply.len() <= call_len || shared.state.admits_anywhere(peer.ip()) {
-        return Guarded::Reply;
+        return Some(Cow::Borrowed(reply));
     }
     shared.metrics.record_rpc_error("udp_reply_larger_than_call");
     tracing::debug!(client = %peer, call = call_len, reply = reply.len(), "large UDP reply to a client no export admits: refused");
-    refuse(call_len, reply)
+    refusal_within(call_len, reply).map(Cow::Owned)
 }
 
-/// The refusal of `reply`, if it is no larger than the call.
-fn refuse(call_len: usize, reply: &[u8]) -> Guarded {
-    let refusal = reflection_refusal(reply);
-    if refusal.len() <= call_len {
-        Guarded::Refusal(refusal)
-    } else {
-        Guarded::Nothing
-    }
+/// The refusal of `reply`, unless even that is larger than the call (one cut short of a
+/// whole header): then nothing is sent.
+fn refusal_within(call_len: usize, reply: &[u8]) -> Option<Vec<u8>> {
+    Some(reflection_refusal(reply)).filter(|refusal| refusal.len() <= call_len)
 }
 
 /// `AUTH_ERROR`/`AUTH_TOOWEAK` with the XID of `reply` (its first word).
@@ -115,7 +100,7 @@ mod tests {
         // 8 bytes (xid and CALL) draw a 20-byte AUTH_BADCRED; its 20-byte refusal would
         // still reflect more than came in.
         let reply = [0, 0, 0, 9, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1];
-        assert_eq!(refuse(8, &reply), Guarded::Nothing);
-        assert!(matches!(refuse(40, &reply), Guarded::Refusal(r) if r.len() <= 40));
+        assert_eq!(refusal_within(8, &reply), None);
+        assert!(refusal_within(40, &reply).is_some_and(|r| r.len() <= 40));
     }
 }
