@@ -17,7 +17,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 use suites::{Job, JobKind, MetaOp, Metric};
 use targets::{Target, TargetSpec};
@@ -318,11 +318,47 @@ struct Runner {
     laid_out: HashMap<(String, String), u64>,
     /// The source tree of the real-tree jobs (copied before the jobs), or why there is none.
     tree: Option<std::result::Result<local::TreeSource, String>>,
+    /// Which repetition is running (0 = the first).
+    round: u32,
 }
 
 impl Runner {
     fn save_raw(&self, tag: &str, text: &str) {
         let _ = std::fs::write(self.raw.join(format!("{tag}.json")), text);
+    }
+
+    /// `path` (from the export's root) for this repetition's metadata jobs: the first
+    /// repetition works at the root, each later one in a directory of its own, so that none
+    /// finds files an earlier one left (a run of steps selected only in part leaves its
+    /// files, as `--only stat` leaves those `create` made).
+    fn meta_path(&self, path: &str) -> String {
+        match self.round {
+            0 => path.to_string(),
+            r => format!("/round-{}{path}", r + 1),
+        }
+    }
+
+    /// The same place as [`Self::meta_path`], in the directory `root` the export serves.
+    fn meta_root(&self, root: &Path) -> PathBuf {
+        match self.round {
+            0 => root.to_path_buf(),
+            r => root.join(format!("round-{}", r + 1)),
+        }
+    }
+
+    /// Makes this repetition's directory for the metadata jobs (not timed).
+    fn enter_round(&self, t: &Target) -> Result<()> {
+        if self.round == 0 {
+            return Ok(());
+        }
+        match &t.local_dir {
+            Some(root) => std::fs::create_dir_all(self.meta_root(root)).context("making the repetition's directory"),
+            None => {
+                // An earlier job of this repetition may have made it already.
+                let _ = self.nfsh(t, &["mkdir".into(), self.meta_path("")]);
+                Ok(())
+            }
+        }
     }
 
     /// Read jobs can't create files through libnfs: write the file at bs=128k first.
@@ -400,13 +436,13 @@ impl Runner {
         let expected = per as u64 * clients as u64;
         let (ops, secs) = if let Some(root) = t.local_dir.clone() {
             m.commands.push(format!("local system calls: {op:?} over {per} files in each of {clients} directories, one thread each"));
-            local::meta_parallel(&root, op, per, clients)?
+            local::meta_parallel(&self.meta_root(&root), op, per, clients)?
         } else {
-            let dirs: Vec<String> = (0..clients).map(|c| format!("/md-par/c{c}")).collect();
+            let dirs: Vec<String> = (0..clients).map(|c| self.meta_path(&format!("/md-par/c{c}"))).collect();
             let loops: Vec<Vec<String>> = match op {
                 MetaOp::Create => {
                     // Not timed; a directory left by an earlier run is reused.
-                    let _ = self.nfsh(t, &["mkdir".into(), "/md-par".into()]);
+                    let _ = self.nfsh(t, &["mkdir".into(), self.meta_path("/md-par")]);
                     for d in &dirs {
                         let _ = self.nfsh(t, &["mkdir".into(), d.clone()]);
                     }
@@ -456,7 +492,15 @@ impl Runner {
     }
 
     fn run_job_inner(&mut self, t: &mut Target, job: &Job, idx: usize, m: &mut Measurement) -> Result<()> {
-        let tag = |suffix: &str| format!("{:03}-{}-{}{}", idx, slug(&job.name), t.name, suffix);
+        // Each repetition keeps its own raw output.
+        let round = match self.round {
+            0 => String::new(),
+            r => format!("-r{}", r + 1),
+        };
+        let tag = |suffix: &str| format!("{:03}-{}-{}{}{}", idx, slug(&job.name), t.name, round, suffix);
+        if job.is_meta() {
+            self.enter_round(t)?;
+        }
         match &job.kind {
             JobKind::Fio(s) => {
                 self.ensure_file(t, &s.file, s.size)?;
@@ -551,7 +595,7 @@ impl Runner {
             JobKind::Meta { op, files, dirs, .. } => {
                 settle_page_cache();
                 if let Some(dir) = t.local_dir.clone() {
-                    let (ops, secs) = local::meta(&dir, *op, *files, *dirs)?;
+                    let (ops, secs) = local::meta(&self.meta_root(&dir), *op, *files, *dirs)?;
                     m.commands.push(format!("local system calls: {:?} over {files} files", op));
                     self.save_raw(&tag(""), &serde_json::json!({"op": format!("{op:?}"), "ops": ops, "seconds": secs}).to_string());
                     m.ops_per_sec = Some(ops as f64 / secs.max(1e-9));
@@ -559,17 +603,18 @@ impl Runner {
                     return Ok(());
                 }
                 let per = (files / dirs.max(&1)).max(1);
+                let flat = self.meta_path("/md-flat");
                 let (args, count_key): (Vec<String>, &str) = match op {
-                    MetaOp::Tree => (vec!["mkdir-tree".into(), "/md-tree".into(), dirs.to_string(), per.to_string()], "ops"),
+                    MetaOp::Tree => (vec!["mkdir-tree".into(), self.meta_path("/md-tree"), dirs.to_string(), per.to_string()], "ops"),
                     MetaOp::Create => {
-                        let _ = self.nfsh(t, &["mkdir".into(), "/md-flat".into()]);
-                        (vec!["create-loop".into(), "/md-flat".into(), files.to_string()], "ops")
+                        let _ = self.nfsh(t, &["mkdir".into(), flat.clone()]);
+                        (vec!["create-loop".into(), flat, files.to_string()], "ops")
                     }
-                    MetaOp::Stat => (vec!["stat-loop".into(), "/md-flat".into(), files.to_string()], "ops"),
+                    MetaOp::Stat => (vec!["stat-loop".into(), flat, files.to_string()], "ops"),
                     // f00000000 -> r00000000 ...: readdir and remove then see the new names.
-                    MetaOp::Rename => (vec!["rename-loop".into(), "/md-flat".into(), files.to_string(), "f".into(), "r".into()], "ops"),
-                    MetaOp::Readdir => (vec!["readdir".into(), "/md-flat".into()], "count"),
-                    MetaOp::Remove => (vec!["remove-loop".into(), "/md-flat".into(), files.to_string(), "r".into()], "ops"),
+                    MetaOp::Rename => (vec!["rename-loop".into(), flat, files.to_string(), "f".into(), "r".into()], "ops"),
+                    MetaOp::Readdir => (vec!["readdir".into(), flat], "count"),
+                    MetaOp::Remove => (vec!["remove-loop".into(), flat, files.to_string(), "r".into()], "ops"),
                     MetaOp::Untar | MetaOp::CopyTree | MetaOp::RemoveTree => unreachable!("real-tree jobs run in run_tree_job"),
                 };
                 let window = cpu::CpuWindow::start(t.pid());
@@ -586,7 +631,7 @@ impl Runner {
                 m.meta = Some(MetaFigures { ops: ops as u64, seconds: secs, bytes: None });
                 if *op == MetaOp::Tree {
                     if let Some(d) = t.data_dir() {
-                        let _ = std::fs::remove_dir_all(d.join("md-tree"));
+                        let _ = std::fs::remove_dir_all(self.meta_root(&d).join("md-tree"));
                     }
                 }
             }
@@ -607,6 +652,7 @@ impl Runner {
             None => bail!("no source tree prepared"),
         };
         let (got, secs) = if let Some(dir) = t.local_dir.clone() {
+            let dir = self.meta_root(&dir);
             let (st, secs) = local::tree(&dir, op, &src.path)?;
             m.commands.push(match op {
                 MetaOp::Untar => format!("local std::fs: copy {} to {}", src.path.display(), dir.join("tree-untar").display()),
@@ -620,10 +666,11 @@ impl Runner {
             self.save_raw(tag, &v.to_string());
             (st, secs)
         } else {
+            let (untar, copy) = (self.meta_path("/tree-untar"), self.meta_path("/tree-copy"));
             let args: Vec<String> = match op {
-                MetaOp::Untar => vec!["put-tree".into(), src.path.display().to_string(), "/tree-untar".into()],
-                MetaOp::CopyTree => vec!["copy-tree".into(), "/tree-untar".into(), "/tree-copy".into()],
-                _ => vec!["remove-tree".into(), "/tree-untar".into()],
+                MetaOp::Untar => vec!["put-tree".into(), src.path.display().to_string(), untar],
+                MetaOp::CopyTree => vec!["copy-tree".into(), untar, copy.clone()],
+                _ => vec!["remove-tree".into(), untar],
             };
             let window = cpu::CpuWindow::start(t.pid());
             let (cmd, v) = self.nfsh(t, &args)?;
@@ -633,9 +680,9 @@ impl Runner {
             if op == MetaOp::RemoveTree {
                 // The copy goes too, not timed.
                 if let Some(d) = t.data_dir() {
-                    let _ = std::fs::remove_dir_all(d.join("tree-copy"));
+                    let _ = std::fs::remove_dir_all(self.meta_root(&d).join("tree-copy"));
                 } else {
-                    let _ = self.nfsh(t, &["remove-tree".into(), "/tree-copy".into()]);
+                    let _ = self.nfsh(t, &["remove-tree".into(), copy]);
                 }
             }
             let n = |k: &str| v[k].as_u64().unwrap_or(0);
@@ -782,7 +829,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         notes.push("local ceiling uses ioengine=psync (synchronous): its iodepth is effectively 1".into());
     }
 
-    let mut runner = Runner { fio: fio_bin.clone(), nfsh, raw, laid_out: HashMap::new(), tree: None };
+    let mut runner = Runner { fio: fio_bin.clone(), nfsh, raw, laid_out: HashMap::new(), tree: None, round: 0 };
     if jobs.iter().any(|j| matches!(j.kind, JobKind::Meta { op, .. } if op.is_tree())) {
         eprintln!("bench: copying the source tree of the real-tree jobs to {} (not timed)", work.join("tree-src").display());
         let src = local::prepare_tree_source(&work.join("tree-src")).map_err(|e| format!("{e:#}"));
@@ -807,32 +854,43 @@ pub fn run(args: BenchArgs) -> Result<()> {
         notes.push(pagecache::REPORT_NOTE.into());
     }
     if args.repeat > 1 {
-        notes.push(format!("each fio job ran {} times per target (targets interleaved); tables show the median run, the section Repetitions lists every figure. iozone and metadata jobs ran once.", args.repeat));
+        notes.push(format!("each fio and metadata job ran {} times per target (targets interleaved; the metadata jobs as a whole run of steps, each repetition in a directory of its own, since each step works on the files an earlier one made); tables show the median run, the section Repetitions lists every figure. iozone jobs ran once.", args.repeat));
     }
     let mut planned_done = 0.0;
     let t_jobs = Instant::now();
     let mut results: Vec<JobResult> = Vec::new();
     let n = jobs.len();
-    for (i, job) in jobs.iter().enumerate() {
-        let k = tgts.len();
-        let reps = job.repetitions(args.repeat);
-        let mut per_target: Vec<Vec<Measurement>> = vec![Vec::new(); k];
+    let k = tgts.len();
+    let mut first = 0;
+    while first < n {
+        // A job repeats on its own, except metadata steps: each works on the files an
+        // earlier one made, so a run of them repeats as a whole.
+        let end = if jobs[first].is_meta() { first + jobs[first..].iter().take_while(|j| j.is_meta()).count() } else { first + 1 };
+        let reps = jobs[first].repetitions(args.repeat);
+        let mut per_job: Vec<Vec<Vec<Measurement>>> = vec![vec![Vec::new(); k]; end - first];
         for rep in 0..reps {
-            // Alternate which target goes first (fairness: caches, disk state, thermal).
-            for step in 0..k {
-                let ti = (i + rep as usize + step) % k;
-                let elapsed = t_jobs.elapsed().as_secs_f64();
-                let eta = if planned_done > 0.0 { (planned_total - planned_done) * elapsed / planned_done } else { planned_total };
-                let of = if reps > 1 { format!(" ({}/{reps})", rep + 1) } else { String::new() };
-                eprintln!("bench: [{}/{n}] {:<8} {:<40} elapsed {} ETA {}", i + 1, tgts[ti].name, format!("{}{of}", job.name), fmt_dur(elapsed), fmt_dur(eta));
-                per_target[ti].push(runner.run_job(&mut tgts[ti], job, i));
-                planned_done += job.planned_secs();
+            runner.round = rep;
+            for (i, job) in jobs.iter().enumerate().take(end).skip(first) {
+                // Alternate which target goes first (fairness: caches, disk state, thermal).
+                for step in 0..k {
+                    let ti = (i + rep as usize + step) % k;
+                    let elapsed = t_jobs.elapsed().as_secs_f64();
+                    let eta = if planned_done > 0.0 { (planned_total - planned_done) * elapsed / planned_done } else { planned_total };
+                    let of = if reps > 1 { format!(" ({}/{reps})", rep + 1) } else { String::new() };
+                    eprintln!("bench: [{}/{n}] {:<8} {:<40} elapsed {} ETA {}", i + 1, tgts[ti].name, format!("{}{of}", job.name), fmt_dur(elapsed), fmt_dur(eta));
+                    per_job[i - first][ti].push(runner.run_job(&mut tgts[ti], job, i));
+                    planned_done += job.planned_secs();
+                }
             }
         }
-        let mut runs: Vec<Measurement> = per_target.into_iter().filter(|v| !v.is_empty()).map(|v| median_run(v, job.metric)).collect();
+        runner.round = 0;
         let order: Vec<String> = tgts.iter().map(|t| t.name.clone()).collect();
-        runs.sort_by_key(|m| order.iter().position(|n| *n == m.target));
-        results.push(JobResult { job: job.clone(), runs });
+        for (job, per_target) in jobs[first..end].iter().zip(per_job) {
+            let mut runs: Vec<Measurement> = per_target.into_iter().filter(|v| !v.is_empty()).map(|v| median_run(v, job.metric)).collect();
+            runs.sort_by_key(|m| order.iter().position(|n| *n == m.target));
+            results.push(JobResult { job: job.clone(), runs });
+        }
+        first = end;
     }
 
     let mut facts = report::machine_facts(&out);

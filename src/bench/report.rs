@@ -389,7 +389,7 @@ pub fn blocks(r: &Results, old: Option<&Results>, plots: &[(String, String)]) ->
         .collect();
     if !repeated.is_empty() {
         b.push(Block::Heading(2, "Repetitions".into()));
-        b.push(Block::Para("Every run's figure (IOPS, MiB/s) in run order; the tables above use the median. Spread = (max − min) ÷ min.".into()));
+        b.push(Block::Para("Every run's figure (IOPS, MiB/s, ops/s) in run order; the tables above use the median. Spread = (max − min) ÷ min.".into()));
         b.push(Block::Table {
             header: ["job", "target", "runs", "median", "spread"].iter().map(|s| s.to_string()).collect(),
             rows: repeated,

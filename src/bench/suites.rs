@@ -134,13 +134,17 @@ impl Job {
     }
 
     /// How many times the job runs per target for `--repeat n`: fio jobs stand alone and
-    /// repeat; iozone passes and metadata steps work on the files the previous step left,
-    /// so they run once.
+    /// repeat; metadata steps work on the files an earlier step left, so they repeat as a
+    /// whole run of steps (see `bench::run`); iozone passes run once.
     pub fn repetitions(&self, n: u32) -> u32 {
         match self.kind {
-            JobKind::Fio(_) | JobKind::Scale { .. } => n.max(1),
-            JobKind::Iozone { .. } | JobKind::Meta { .. } => 1,
+            JobKind::Fio(_) | JobKind::Scale { .. } | JobKind::Meta { .. } => n.max(1),
+            JobKind::Iozone { .. } => 1,
         }
+    }
+
+    pub fn is_meta(&self) -> bool {
+        matches!(self.kind, JobKind::Meta { .. })
     }
 }
 

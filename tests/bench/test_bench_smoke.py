@@ -142,3 +142,37 @@ def test_bench_parallel_metadata(tmp_path):
         assert len(clients) == 8 and sum(c["ops"] for c in clients) == 5000
         # all eight ran at once: the last to start began before the first to finish ended
         assert max(c["started"] for c in clients) < min(c["ended"] for c in clients), clients
+
+
+@pytest.mark.skipif(not NASD.exists(), reason="build nasd first: cargo build --release")
+def test_bench_repeats_metadata_steps_each_in_a_directory_of_its_own(tmp_path):
+    """With --repeat, the metadata steps run again as a whole, and each repetition works
+    in a directory of its own: `--only readdir` runs create and readdir, which leave their
+    5000 files behind, so a second create in the same place would only open files that
+    exist and the listing would count the first repetition's files."""
+    out = tmp_path / "report"
+    cmd = [str(NASD), "bench", "--suite", "metadata", "--only", "readdir", "--repeat", "2",
+           "--target", "nasd", "--keep-data", "--out", str(out), "--fio", fio_binary()]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    print(p.stderr[-4000:])
+    assert p.returncode == 0, p.stderr[-4000:]
+
+    results = json.loads((out / "results.json").read_text())
+    jobs = {j["job"]["name"]: j for j in results["jobs"]}
+    assert list(jobs) == ["create 5000 files", "readdir 5000 files"]
+    for name, job in jobs.items():
+        for m in job["runs"]:
+            assert m["error"] is None, (name, m["target"], m["error"])
+            assert m["meta"]["ops"] == 5000, (name, m["target"], m["meta"])
+            assert len(m["repeats"]) == 2, (name, m["target"], m["repeats"])
+    # the steps ran in order in each repetition: create, readdir, create, readdir
+    order = p.stderr.index
+    assert order("create 5000 files (1/2)") < order("readdir 5000 files (1/2)") \
+        < order("create 5000 files (2/2)") < order("readdir 5000 files (2/2)")
+    raw = {f.name for f in (out / "raw").glob("*-nasd*.json")}
+    assert raw == {"000-create-5000-files-nasd.json", "000-create-5000-files-nasd-r2.json",
+                   "001-readdir-5000-files-nasd.json", "001-readdir-5000-files-nasd-r2.json"}, raw
+    for export in (out / "data" / "nasd").rglob("md-flat"):
+        assert len(list(export.iterdir())) == 5000, export
+    flats = sorted(str(d.relative_to(out / "data")) for d in (out / "data").rglob("md-flat"))
+    assert len(flats) == 4 and sum("round-2" in f for f in flats) == 2, flats
