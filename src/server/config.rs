@@ -44,6 +44,9 @@ pub struct Limits {
     /// Close a connection whose replies cannot be sent for this long, or whose request,
     /// once started, takes longer than this to arrive.
     pub write_timeout_secs: u64,
+    /// While requests wait for a free slot: close a connection stalled this long with
+    /// slots, its replies not taken or its request not arriving (see `server::stalls`).
+    pub stall_timeout_secs: u64,
 }
 
 impl Default for Config {
@@ -73,6 +76,7 @@ impl Default for Limits {
             open_object_idle_secs: 10,
             idle_timeout_secs: 360,
             write_timeout_secs: 60,
+            stall_timeout_secs: 5,
         }
     }
 }

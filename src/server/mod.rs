@@ -4,6 +4,7 @@ mod config;
 mod metrics_http;
 pub mod state;
 mod busy_poll;
+mod stalls;
 mod tcp;
 mod udp;
 
@@ -26,7 +27,8 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::net::{TcpListener, UdpSocket};
-use tokio::sync::Semaphore;
+use stalls::Stalls;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Record buffers kept for reuse: enough for a client's 16–32 large WRITEs in flight,
 /// ~32 MiB at most while idle.
@@ -45,6 +47,28 @@ pub(crate) struct Shared {
     pub record_pool: RecordPool,
     /// The exports, for the UDP reply guard (which clients may get large replies).
     pub state: Arc<ServerState>,
+    /// Connections that may hold slots without progress, closed when others wait.
+    pub stalls: Stalls,
+}
+
+impl Shared {
+    /// A global request slot. While none is free, connections stalled with slots are
+    /// closed (see `stalls`), other than the caller's own (`except`).
+    pub async fn global_slot(&self, except: Option<u64>) -> OwnedSemaphorePermit {
+        if let Ok(slot) = self.global_requests.clone().try_acquire_owned() {
+            return slot;
+        }
+        // One acquire throughout, so the caller keeps its place in the queue.
+        let mut acquire = std::pin::pin!(self.global_requests.clone().acquire_owned());
+        loop {
+            match tokio::time::timeout(stalls::PRESSURE_CHECK, &mut acquire).await {
+                Ok(slot) => return slot.expect("never closed"),
+                Err(_) => {
+                    self.stalls.close_stalled(except);
+                }
+            }
+        }
+    }
 }
 
 /// A bound server, ready to run.
@@ -131,6 +155,7 @@ impl Server {
             busy_poll: BusyPoll::new(std::time::Duration::from_micros(config.busy_poll_us)),
             record_pool: RecordPool::new(RECORD_BUFFERS_KEPT),
             state: state.clone(),
+            stalls: Stalls::new(std::time::Duration::from_secs(config.limits.stall_timeout_secs)),
         });
         let reloader = ExportReloader { state: state.clone(), limits: config.limits.clone(), changes };
         Ok(Server { shared, tcp, udp, metrics_listener, local_addr, reloader })

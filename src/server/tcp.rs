@@ -18,6 +18,7 @@
 //! all of it at once (`RecordStream`, a raised `SO_RCVLOWAT`) instead of waking for every
 //! segment.
 
+use super::stalls::Progress;
 use super::Shared;
 use crate::rpc::dispatch::Handled;
 use crate::rpc::record::{read_record, RecordSource};
@@ -200,6 +201,8 @@ struct ReplySink {
     state: Mutex<SinkState>,
     /// Hands sending over to the writer task (socket full) or tells it to stop.
     wake_writer: Notify,
+    /// Whether the client takes its replies, for the stall watch.
+    progress: Arc<Progress>,
 }
 
 enum Sent {
@@ -210,8 +213,8 @@ enum Sent {
 }
 
 impl ReplySink {
-    fn new(socket: OwnedWriteHalf) -> Self {
-        Self { socket, state: Mutex::new(SinkState::default()), wake_writer: Notify::new() }
+    fn new(socket: OwnedWriteHalf, progress: Arc<Progress>) -> Self {
+        Self { socket, state: Mutex::new(SinkState::default()), wake_writer: Notify::new(), progress }
     }
 
     /// Queues replies and, unless someone is already sending, sends the queue now from this
@@ -253,10 +256,13 @@ impl ReplySink {
                 st.queue.drain(..n).collect()
             };
             let result = self.write_batch(&mut batch);
+            if matches!(result, Ok(n) if n > 0) {
+                self.progress.wrote();
+            }
             let unsent: Vec<Outgoing> = batch.into_iter().filter(|o| !o.is_sent()).collect();
             match result {
-                Ok(()) if unsent.is_empty() => continue,
-                Ok(()) => {
+                Ok(_) if unsent.is_empty() => continue,
+                Ok(_) => {
                     let mut st = self.state.lock();
                     if st.closed {
                         // Closed while this batch was out of the queue: drop it too.
@@ -266,6 +272,7 @@ impl ReplySink {
                     for o in unsent.into_iter().rev() {
                         st.queue.push_front(o);
                     }
+                    self.progress.write_blocked();
                     return Sent::Blocked;
                 }
                 Err(_) => {
@@ -282,8 +289,9 @@ impl ReplySink {
 
     /// Sends the unsent parts of `batch`, in order: byte parts gathered into one `sendmsg`,
     /// file parts (READ data) with `sendfile` straight from the page cache. Advances each
-    /// reply's `sent`; `Ok` with bytes left over means the socket is full.
-    fn write_batch(&self, batch: &mut [Outgoing]) -> std::io::Result<()> {
+    /// reply's `sent` and returns the bytes sent; bytes left over mean the socket is full.
+    fn write_batch(&self, batch: &mut [Outgoing]) -> std::io::Result<usize> {
+        let mut total = 0;
         let mut iov: Vec<libc::iovec> = Vec::with_capacity(batch.len());
         for i in 0..batch.len() {
             for piece in batch[i].unsent_pieces() {
@@ -295,15 +303,17 @@ impl ReplySink {
                             // MSG_MORE: the header waits for the data it introduces.
                             let n = self.send_iov(&iov, libc::MSG_MORE)?;
                             credit(batch, n);
+                            total += n;
                             if n < want {
-                                return Ok(());
+                                return Ok(total);
                             }
                             iov.clear();
                         }
                         let n = self.send_file(fd, offset, len)?;
                         batch[i].sent += n;
+                        total += n;
                         if n < len {
-                            return Ok(());
+                            return Ok(total);
                         }
                     }
                 }
@@ -312,8 +322,9 @@ impl ReplySink {
         if !iov.is_empty() {
             let n = self.send_iov(&iov, 0)?;
             credit(batch, n);
+            total += n;
         }
-        Ok(())
+        Ok(total)
     }
 
     /// One non-blocking `sendmsg`; 0 when the socket is full. Goes through tokio, so a full
@@ -377,6 +388,27 @@ impl ReplySink {
         };
         drop(unsent);
         self.wake_writer.notify_one();
+    }
+
+    /// Closes the connection and has the kernel drop what is still in its send buffer (a
+    /// reset once the socket is closed): a client found stalled would take megabytes of
+    /// replies it cannot use before it saw the end of the stream.
+    fn abort(&self) {
+        let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+        // SAFETY: setsockopt reads one `linger` from a live local.
+        let rc = unsafe {
+            libc::setsockopt(
+                self.socket.as_ref().as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&linger as *const libc::linger).cast(),
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            tracing::debug!(error = %std::io::Error::last_os_error(), "SO_LINGER");
+        }
+        self.close();
     }
 }
 
@@ -450,7 +482,17 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
     tracing::debug!(client = %peer, "connection opened");
     let (rd, wr) = stream.into_split();
     let mut rd = BufReader::with_capacity(128 * 1024, RecordStream::new(rd));
-    let sink = Arc::new(ReplySink::new(wr));
+    let stall_watch = shared.stalls.register(peer);
+    let progress = stall_watch.progress();
+    let sink = Arc::new(ReplySink::new(wr, progress.clone()));
+    stall_watch.close_with({
+        let sink = Arc::downgrade(&sink);
+        move || {
+            if let Some(sink) = sink.upgrade() {
+                sink.abort();
+            }
+        }
+    });
     let write_timeout = Duration::from_secs(shared.limits.write_timeout_secs);
     let mut writer = tokio::spawn(drain_replies(sink.clone(), write_timeout, peer));
     let per_conn = shared.limits.max_requests_per_connection.max(1);
@@ -501,10 +543,17 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
         if let Some(started) = wait_started {
             last_wait = Some(started.elapsed());
         }
-        let Some(global_slot) = batch.flush_before_waiting(slot_unless_given_up(&shared.global_requests, &mut writer)).await
-        else {
+        let global_wait = async {
+            tokio::select! {
+                biased;
+                slot = shared.global_slot(Some(stall_watch.id())) => Some(slot),
+                _ = &mut writer => None,
+            }
+        };
+        let Some(global_slot) = batch.flush_before_waiting(global_wait).await else {
             break Ok(());
         };
+        progress.request_arriving();
         let mut record = shared.record_pool.take();
         let read = batch
             .flush_before_waiting(async {
@@ -514,6 +563,7 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
                 }
             })
             .await;
+        progress.request_arrived();
         match read {
             None => break Ok(()),
             Some(Err(_)) => break Err(anyhow::anyhow!("a request took longer than {request_deadline:?} to arrive")),
@@ -577,7 +627,11 @@ async fn drain_replies(sink: Arc<ReplySink>, timeout: Duration, peer: SocketAddr
             if sink.state.lock().closed {
                 return;
             }
-            let ready = tokio::time::timeout(timeout, sink.socket.as_ref().writable()).await;
+            let ready = tokio::select! {
+                ready = tokio::time::timeout(timeout, sink.socket.as_ref().writable()) => ready,
+                // Closed meanwhile (a stalled client's connection, by another task).
+                _ = sink.wake_writer.notified() => continue,
+            };
             if !matches!(ready, Ok(Ok(()))) {
                 tracing::warn!(client = %peer, "client is not reading its replies; closing the connection");
                 sink.close();
@@ -722,7 +776,8 @@ mod tests {
         });
         let (server, _) = listener.accept().await.unwrap();
         let (_rd, wr) = server.into_split();
-        let sink = Arc::new(ReplySink::new(wr));
+        let stalls = super::super::stalls::Stalls::new(Duration::from_secs(5));
+        let sink = Arc::new(ReplySink::new(wr, stalls.register(addr).progress()));
         let writer = tokio::spawn(drain_replies(sink.clone(), Duration::from_secs(30), addr));
         let slots = Arc::new(Semaphore::new(Semaphore::MAX_PERMITS));
         let submitters: Vec<_> = (0..THREADS)

@@ -18,7 +18,7 @@ pub(crate) async fn serve(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
         Err(_) => return,
     };
     loop {
-        let slot = shared.global_requests.clone().acquire_owned().await.expect("never closed");
+        let slot = shared.global_slot(None).await;
         let mut buf = vec![0u8; 65536];
         let (n, peer) = match socket.recv_from(&mut buf).await {
             Ok(r) => r,

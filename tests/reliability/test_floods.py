@@ -236,6 +236,74 @@ def test_connections_that_stop_reading_give_back_their_slots(tmp_path):
                 s.close()
 
 
+def closed_within(s, secs):
+    """Whether nasd has closed `s` (end of stream or reset) within `secs`, reading
+    whatever replies were still on their way."""
+    end = time.monotonic() + secs
+    try:
+        while time.monotonic() < end:
+            s.settimeout(max(0.01, end - time.monotonic()))
+            if not s.recv(1 << 20):
+                return True
+        return False
+    except ConnectionResetError:
+        return True
+    except (TimeoutError, socket.timeout):
+        return False
+
+
+def test_stalled_connections_are_closed_when_others_need_their_slots(tmp_path):
+    """Clients that hold every global request slot without progress, in both ways a
+    connection can: two that pipeline 1 MiB READs and never read a reply, then sixteen
+    that each send the first bytes of a request and no more. The write timeout (30 s
+    here) would close them only after 30 s; while a new client waits for a slot, nasd
+    closes those stalled for stall_timeout_secs (1 s) instead, and answers it within
+    seconds."""
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "big").write_bytes(os.urandom(1 << 20))
+    config = tmp_path / "nasd.toml"
+    config.write_text("[limits]\nmax_requests_per_connection = 8\nmax_requests_in_flight = 16\n"
+                      "write_timeout_secs = 30\nstall_timeout_secs = 1\n")
+    with Nasd(export, args=["--no-root-squash", "--config", config]) as srv:
+        with Nfs3Client("127.0.0.1", srv.port, cred=auth_sys(0, 0)) as c:
+            root = c.root(str(export))
+            big = c.lookup(root, "big").fh
+        args = nfs3_args.read(big, 0, 1 << 20)
+        not_reading = []
+        for n in range(2):
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(b"".join(frame(build_call(100 * n + i, NFS_PROG, NFS_V3, 6, args, cred=auth_sys(0, 0)))
+                               for i in range(40)))
+            not_reading.append(s)
+        not_sending = []
+        try:
+            for attack, hogs in (("stopped reading", not_reading), ("stopped sending", not_sending)):
+                if attack == "stopped sending":
+                    for _ in range(16):
+                        s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+                        # A record mark for 200 bytes, then 8 of them.
+                        s.sendall(struct.pack(">I", 0x80000000 | 200) + b"\0" * 8)
+                        hogs.append(s)
+                time.sleep(0.5)  # every slot taken
+                started = time.monotonic()
+                with Nfs3Client("127.0.0.1", srv.port, cred=auth_sys(0, 0), timeout=20) as c:
+                    assert c.getattr(root).status == NFS3_OK
+                waited = time.monotonic() - started
+                print(f"clients that {attack}: a new client was answered after {waited:.1f} s")
+                assert waited < 10, f"a new client waited {waited:.1f} s behind connections that {attack}"
+                # Because stalled connections were closed (those stalled long enough
+                # when it had waited; the rest keep their slots while nobody waits).
+                closed = sum(closed_within(s, 2.0) for s in hogs)
+                print(f"  {closed} of {len(hogs)} such connections closed")
+                assert closed >= 1, f"no connection that {attack} was closed"
+            assert srv.alive()
+        finally:
+            for s in not_reading + not_sending:
+                s.close()
+
+
 def test_garbage_burst(server):
     """100,000 garbage records (random bodies, valid record marks) in a burst over 4
     connections whose replies, if any, are drained. The records are made beforehand so
