@@ -471,8 +471,10 @@ impl Runner {
     fn run_job(&mut self, t: &mut Target, job: &Job, idx: usize) -> Measurement {
         let mut m = Measurement { target: t.name.clone(), ..Default::default() };
         let t0 = Instant::now();
+        // Before the server's counters are read, so its MKDIR is not counted in the job.
+        let r = if job.is_meta() { self.enter_round(t) } else { Ok(()) };
         let before = t.metrics.and_then(|a| metrics::scrape(a).ok());
-        let r = self.run_job_inner(t, job, idx, &mut m);
+        let r = r.and_then(|()| self.run_job_inner(t, job, idx, &mut m));
         if let (Some(b), Some(a)) = (before, t.metrics.and_then(|a| metrics::scrape(a).ok())) {
             m.server = Some(metrics::diff(&b, &a));
         }
@@ -498,9 +500,6 @@ impl Runner {
             r => format!("-r{}", r + 1),
         };
         let tag = |suffix: &str| format!("{:03}-{}-{}{}{}", idx, slug(&job.name), t.name, round, suffix);
-        if job.is_meta() {
-            self.enter_round(t)?;
-        }
         match &job.kind {
             JobKind::Fio(s) => {
                 self.ensure_file(t, &s.file, s.size)?;

@@ -45,7 +45,8 @@ pub struct Limits {
     /// once started, takes longer than this to arrive.
     pub write_timeout_secs: u64,
     /// While requests wait for a free slot: close a connection stalled this long with
-    /// slots, its replies not taken or its request not arriving (see `server::stalls`).
+    /// slots, its replies not taken or its request not arriving (see `server::stalls`;
+    /// 0: never, leaving such connections to the write timeout).
     pub stall_timeout_secs: u64,
 }
 

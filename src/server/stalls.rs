@@ -10,24 +10,66 @@
 //! So while some caller waits for a slot, every connection that has been stalled for
 //! `stall_timeout_secs` is closed. Nothing is lost: its client could not use what it held,
 //! and on reconnecting it retransmits, and the duplicate request cache answers the
-//! non-idempotent calls that already ran. A connection that makes progress, however slowly
-//! its client reads, is never stalled for long: any byte sent or received ends the stall.
+//! non-idempotent calls that already ran. A client that is slow but moving is not stalled:
+//! before closing, the kernel's counts for the socket are asked whether the client
+//! acknowledged any reply bytes since the stall began, or sent any data within the
+//! timeout (a slow reader may free too little of the send buffer for the server to send
+//! again, and a slow sender's request takes long to arrive whole).
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
-/// How often a caller waiting for a slot looks for stalled connections.
+/// How often callers waiting for a slot look for stalled connections (all of them
+/// together: one looks, the others wait).
 pub const PRESSURE_CHECK: Duration = Duration::from_millis(500);
+
+/// What the watch needs of a connection.
+pub trait Watched: Send + Sync {
+    /// The kernel's counts for its socket, if it can tell.
+    fn tcp_counts(&self) -> Option<TcpCounts>;
+    /// Ends the connection at once, from any thread.
+    fn abort(&self);
+}
+
+/// From the kernel's `TCP_INFO` for a socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TcpCounts {
+    /// Bytes sent that the peer acknowledged (it took them into its receive buffer).
+    pub bytes_acked: u64,
+    /// Milliseconds since data last arrived from the peer.
+    pub ms_since_data_received: u32,
+}
+
+/// `TCP_INFO` of a TCP socket: the fields at their offsets in `struct tcp_info` (stable
+/// kernel ABI; `bytes_acked` since Linux 4.1).
+pub fn tcp_counts(fd: RawFd) -> Option<TcpCounts> {
+    const LAST_DATA_RECV: usize = 52;
+    const BYTES_ACKED: usize = 120;
+    let mut info = [0u8; 256];
+    let mut len = info.len() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into a live local buffer.
+    let rc = unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, info.as_mut_ptr().cast(), &mut len) };
+    if rc != 0 || (len as usize) < BYTES_ACKED + 8 {
+        return None;
+    }
+    let u32_at = |o: usize| u32::from_ne_bytes(info[o..o + 4].try_into().expect("4 bytes"));
+    let u64_at = |o: usize| u64::from_ne_bytes(info[o..o + 8].try_into().expect("8 bytes"));
+    Some(TcpCounts { bytes_acked: u64_at(BYTES_ACKED), ms_since_data_received: u32_at(LAST_DATA_RECV) })
+}
 
 /// The live connections and how long each has been stalled.
 pub struct Stalls {
     conns: Mutex<HashMap<u64, Arc<Progress>>>,
     next_id: AtomicU64,
-    timeout: Duration,
+    /// `None`: never close (a `stall_timeout_secs` of 0).
+    timeout: Option<Duration>,
+    /// When a waiting caller last looked ([`stamp`]).
+    last_look: AtomicU64,
 }
 
 /// One connection's stalls, as stamps of when each began ([`stamp`]; 0: not stalled).
@@ -35,10 +77,13 @@ pub struct Progress {
     peer: SocketAddr,
     /// Since when replies have waited for a client that has taken none of their bytes.
     write_stalled: AtomicU64,
+    /// The client's acknowledged bytes when that stall began (`u64::MAX`: unknown).
+    acked_at_stall: AtomicU64,
     /// Since when the request now arriving has been arriving.
     request_arriving: AtomicU64,
-    /// Ends the connection, from any thread (set once it can be).
-    close: OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// Closed by the watch already: not again.
+    closing: AtomicBool,
+    conn: OnceLock<Weak<dyn Watched>>,
 }
 
 /// A connection's place among the live ones; leaving it (dropping) removes it.
@@ -46,60 +91,6 @@ pub struct Registration<'a> {
     stalls: &'a Stalls,
     id: u64,
     progress: Arc<Progress>,
-}
-
-impl Stalls {
-    pub fn new(timeout: Duration) -> Self {
-        Self { conns: Mutex::new(HashMap::new()), next_id: AtomicU64::new(1), timeout }
-    }
-
-    /// Adds a connection, to be closed through [`Registration::close_with`].
-    pub fn register(&self, peer: SocketAddr) -> Registration<'_> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let progress = Arc::new(Progress {
-            peer,
-            write_stalled: AtomicU64::new(0),
-            request_arriving: AtomicU64::new(0),
-            close: OnceLock::new(),
-        });
-        self.conns.lock().insert(id, progress.clone());
-        Registration { stalls: self, id, progress }
-    }
-
-    /// Closes every connection other than `except` (the caller's own) stalled for the
-    /// timeout or longer; returns how many.
-    pub fn close_stalled(&self, except: Option<u64>) -> usize {
-        self.close_stalled_at(stamp(), except)
-    }
-
-    fn close_stalled_at(&self, now: u64, except: Option<u64>) -> usize {
-        let limit = self.timeout.as_nanos() as u64;
-        let stalled_since = |stamp: &AtomicU64| {
-            let since = stamp.load(Ordering::Relaxed);
-            since != 0 && now.saturating_sub(since) >= limit
-        };
-        let stalled: Vec<Arc<Progress>> = self
-            .conns
-            .lock()
-            .iter()
-            .filter(|(id, _)| Some(**id) != except)
-            .filter(|(_, p)| stalled_since(&p.write_stalled) || stalled_since(&p.request_arriving))
-            .map(|(_, p)| p.clone())
-            .collect();
-        // Closed outside the lock: closing may take locks of its own.
-        for p in &stalled {
-            let arriving = p.write_stalled.load(Ordering::Relaxed) == 0;
-            tracing::warn!(
-                client = %p.peer,
-                stalled = if arriving { "its request stopped arriving" } else { "it stopped reading its replies" },
-                "closing a stalled connection: it holds request slots others are waiting for"
-            );
-            if let Some(close) = p.close.get() {
-                close();
-            }
-        }
-        stalled.len()
-    }
 }
 
 /// Now, in nanoseconds of the monotonic clock, never 0 (which means "not stalled"). The
@@ -112,6 +103,98 @@ fn stamp() -> u64 {
     (ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64).max(1)
 }
 
+impl Stalls {
+    /// `timeout`: how long a connection may stall while others wait; zero: forever.
+    pub fn new(timeout: Duration) -> Self {
+        Self {
+            conns: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            timeout: (!timeout.is_zero()).then_some(timeout),
+            last_look: AtomicU64::new(0),
+        }
+    }
+
+    /// Adds a connection, to be watched once [`Registration::watch`] says how.
+    pub fn register(&self, peer: SocketAddr) -> Registration<'_> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let progress = Arc::new(Progress {
+            peer,
+            write_stalled: AtomicU64::new(0),
+            acked_at_stall: AtomicU64::new(u64::MAX),
+            request_arriving: AtomicU64::new(0),
+            closing: AtomicBool::new(false),
+            conn: OnceLock::new(),
+        });
+        self.conns.lock().insert(id, progress.clone());
+        Registration { stalls: self, id, progress }
+    }
+
+    /// Called by a caller that has waited for a slot: closes every connection other than
+    /// `except` (the caller's own) stalled for the timeout or longer, unless another
+    /// caller looked less than [`PRESSURE_CHECK`] ago. Returns how many it closed.
+    pub fn close_stalled(&self, except: Option<u64>) -> usize {
+        let now = stamp();
+        let last = self.last_look.load(Ordering::Relaxed);
+        if now.saturating_sub(last) < PRESSURE_CHECK.as_nanos() as u64
+            || self.last_look.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_err()
+        {
+            return 0;
+        }
+        self.close_stalled_at(now, except)
+    }
+
+    fn close_stalled_at(&self, now: u64, except: Option<u64>) -> usize {
+        let Some(timeout) = self.timeout else { return 0 };
+        let limit = timeout.as_nanos() as u64;
+        let aged = |stamp: &AtomicU64| {
+            let since = stamp.load(Ordering::Relaxed);
+            since != 0 && now.saturating_sub(since) >= limit
+        };
+        let candidates: Vec<Arc<Progress>> = self
+            .conns
+            .lock()
+            .iter()
+            .filter(|(id, p)| Some(**id) != except && !p.closing.load(Ordering::Relaxed))
+            .filter(|(_, p)| aged(&p.write_stalled) || aged(&p.request_arriving))
+            .map(|(_, p)| p.clone())
+            .collect();
+        // Outside the lock: asking the kernel and closing take time and locks of their own.
+        let mut closed = 0;
+        for p in candidates {
+            let Some(conn) = p.conn.get().and_then(Weak::upgrade) else { continue };
+            let counts = conn.tcp_counts();
+            let mut why = None;
+            if aged(&p.write_stalled) {
+                match counts {
+                    // The client took reply bytes since: slow, not stalled; a new stall
+                    // would start from here.
+                    Some(c) if c.bytes_acked != p.acked_at_stall.load(Ordering::Relaxed) => {
+                        p.acked_at_stall.store(c.bytes_acked, Ordering::Relaxed);
+                        p.write_stalled.store(now, Ordering::Relaxed);
+                    }
+                    _ => why = Some("it stopped reading its replies"),
+                }
+            }
+            if aged(&p.request_arriving) {
+                match counts {
+                    Some(c) if (c.ms_since_data_received as u128) < timeout.as_millis() => {
+                        p.request_arriving.store(now, Ordering::Relaxed);
+                    }
+                    _ => why = why.or(Some("its request stopped arriving")),
+                }
+            }
+            let Some(why) = why else { continue };
+            if p.closing.swap(true, Ordering::Relaxed) {
+                continue;
+            }
+            tracing::warn!(client = %p.peer, stalled = why, "closing a stalled connection: it holds request slots others are waiting for");
+            conn.abort();
+            closed += 1;
+        }
+        closed
+    }
+}
+
 impl Registration<'_> {
     pub fn id(&self) -> u64 {
         self.id
@@ -122,9 +205,9 @@ impl Registration<'_> {
         self.progress.clone()
     }
 
-    /// How to end the connection when it is found stalled.
-    pub fn close_with(&self, close: impl Fn() + Send + Sync + 'static) {
-        let _ = self.progress.close.set(Box::new(close));
+    /// The connection to ask and to close when it is found stalled.
+    pub fn watch(&self, conn: Weak<dyn Watched>) {
+        let _ = self.progress.conn.set(conn);
     }
 }
 
@@ -139,10 +222,13 @@ impl Progress {
         self.request_arriving.store(0, Ordering::Relaxed);
     }
 
-    /// The socket is full with replies waiting: the stall starts now unless it started
-    /// earlier.
-    pub fn write_blocked(&self) {
-        let _ = self.write_stalled.compare_exchange(0, stamp(), Ordering::Relaxed, Ordering::Relaxed);
+    /// The socket is full with replies waiting: a stall starts now unless one started
+    /// earlier, and `acked` (asked only then) gives the client's acknowledged bytes.
+    pub fn write_blocked(&self, acked: impl FnOnce() -> Option<u64>) {
+        if self.write_stalled.load(Ordering::Relaxed) == 0 {
+            self.acked_at_stall.store(acked().unwrap_or(u64::MAX), Ordering::Relaxed);
+            self.write_stalled.store(stamp(), Ordering::Relaxed);
+        }
     }
 
     /// The client took some of the replies' bytes.
@@ -162,37 +248,50 @@ impl Drop for Registration<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use parking_lot::Mutex as PMutex;
     use std::sync::atomic::AtomicUsize;
 
-    fn counter() -> (Arc<AtomicUsize>, impl Fn() + Send + Sync + 'static) {
-        let n = Arc::new(AtomicUsize::new(0));
-        let m = n.clone();
-        (n, move || {
-            m.fetch_add(1, Ordering::SeqCst);
-        })
+    /// A connection whose kernel counts the test sets.
+    #[derive(Default)]
+    struct FakeConn {
+        counts: PMutex<Option<TcpCounts>>,
+        aborted: AtomicUsize,
+    }
+
+    impl Watched for FakeConn {
+        fn tcp_counts(&self) -> Option<TcpCounts> {
+            *self.counts.lock()
+        }
+        fn abort(&self) {
+            self.aborted.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn counts(bytes_acked: u64, ms_since_data_received: u32) -> Option<TcpCounts> {
+        Some(TcpCounts { bytes_acked, ms_since_data_received })
     }
 
     const SEC: u64 = 1_000_000_000;
 
-    #[test]
-    fn only_connections_stalled_for_the_timeout_are_closed() {
-        let stalls = Stalls::new(Duration::from_secs(5));
-        let peer: SocketAddr = "127.0.0.1:700".parse().unwrap();
-        let (busy_closed, busy_close) = counter();
-        let (reader_closed, reader_close) = counter();
-        let (sender_closed, sender_close) = counter();
-        let (waiter_closed, waiter_close) = counter();
-        let registered = |close| {
-            let r = stalls.register(peer);
-            r.close_with(close);
-            r
-        };
-        let busy = registered(Box::new(busy_close) as Box<dyn Fn() + Send + Sync>);
-        let not_reading = registered(Box::new(reader_close));
-        let not_sending = registered(Box::new(sender_close));
-        let waiter = registered(Box::new(waiter_close));
+    fn watched<'a>(stalls: &'a Stalls, conn: &Arc<FakeConn>) -> Registration<'a> {
+        let r = stalls.register("127.0.0.1:700".parse().unwrap());
+        let weak: Weak<dyn Watched> = Arc::downgrade(conn) as Weak<dyn Watched>;
+        r.watch(weak);
+        r
+    }
 
-        // Stalls that began at 1 s: the socket full, a request half arrived.
+    #[test]
+    fn only_connections_stalled_for_the_timeout_are_closed_and_only_once() {
+        let stalls = Stalls::new(Duration::from_secs(5));
+        let conns: Vec<Arc<FakeConn>> = (0..4).map(|_| Arc::new(FakeConn::default())).collect();
+        for c in &conns {
+            *c.counts.lock() = counts(1000, 60_000);
+        }
+        let regs: Vec<Registration<'_>> = conns.iter().map(|c| watched(&stalls, c)).collect();
+        let (busy, not_reading, not_sending, waiter) = (&regs[0], &regs[1], &regs[2], &regs[3]);
+        // Stalls that began at 1 s: the socket full (1000 bytes acknowledged then), a
+        // request half arrived.
+        not_reading.progress.write_blocked(|| Some(1000));
         not_reading.progress.write_stalled.store(SEC, Ordering::Relaxed);
         not_sending.progress.request_arriving.store(SEC, Ordering::Relaxed);
         waiter.progress.write_stalled.store(SEC, Ordering::Relaxed);
@@ -200,46 +299,93 @@ mod tests {
         assert_eq!(stalls.close_stalled_at(5 * SEC + SEC * 9 / 10, Some(waiter.id())), 0);
         // At 6 s both have, except the caller's own; the busy one never stalled.
         assert_eq!(stalls.close_stalled_at(6 * SEC, Some(waiter.id())), 2);
-        assert_eq!(reader_closed.load(Ordering::SeqCst), 1);
-        assert_eq!(sender_closed.load(Ordering::SeqCst), 1);
-        assert_eq!(busy_closed.load(Ordering::SeqCst), 0);
-        assert_eq!(waiter_closed.load(Ordering::SeqCst), 0);
-        drop(busy);
+        let aborted: Vec<usize> = conns.iter().map(|c| c.aborted.load(Ordering::SeqCst)).collect();
+        assert_eq!(aborted, [0, 1, 1, 0]);
+        // Until their tasks end they stay registered, but are not closed again.
+        assert_eq!(stalls.close_stalled_at(60 * SEC, Some(waiter.id())), 0);
+        assert!(busy.progress.write_stalled.load(Ordering::Relaxed) == 0);
+    }
+
+    #[test]
+    fn a_slow_client_is_not_stalled() {
+        let stalls = Stalls::new(Duration::from_secs(5));
+        let reader = Arc::new(FakeConn::default());
+        let sender = Arc::new(FakeConn::default());
+        let slow_reader = watched(&stalls, &reader);
+        let slow_sender = watched(&stalls, &sender);
+        slow_reader.progress.write_blocked(|| Some(1000));
+        slow_reader.progress.write_stalled.store(SEC, Ordering::Relaxed);
+        slow_sender.progress.request_arriving.store(SEC, Ordering::Relaxed);
+        // The reader acknowledged more bytes since its stall began (without freeing
+        // enough of the send buffer for another send); the sender's last data came 1 s ago.
+        *reader.counts.lock() = counts(9000, 60_000);
+        *sender.counts.lock() = counts(0, 1000);
+        assert_eq!(stalls.close_stalled_at(10 * SEC, None), 0);
+        // Each stall starts over from that look: five more seconds without progress...
+        *sender.counts.lock() = counts(0, 6000);
+        assert_eq!(stalls.close_stalled_at(14 * SEC, None), 0);
+        // ...and then they are stalled.
+        assert_eq!(stalls.close_stalled_at(15 * SEC, None), 2);
+        assert_eq!(reader.aborted.load(Ordering::SeqCst) + sender.aborted.load(Ordering::SeqCst), 2);
     }
 
     #[test]
     fn progress_ends_a_stall_and_a_new_one_starts_from_then() {
         let stalls = Stalls::new(Duration::from_secs(5));
-        let (closed, close) = counter();
-        let conn = stalls.register("127.0.0.1:700".parse().unwrap());
-        conn.close_with(close);
-        let progress = conn.progress();
-        progress.write_blocked();
+        let conn = Arc::new(FakeConn::default());
+        let reg = watched(&stalls, &conn);
+        let progress = reg.progress();
+        progress.write_blocked(|| None);
         let first = progress.write_stalled.load(Ordering::Relaxed);
         assert_ne!(first, 0);
         // Blocked again without progress: the stall still dates from the first time.
-        progress.write_blocked();
+        progress.write_blocked(|| panic!("asked again"));
         assert_eq!(progress.write_stalled.load(Ordering::Relaxed), first);
         // The client read something: no longer stalled, however long ago it began.
         progress.wrote();
         assert_eq!(stalls.close_stalled_at(first + 60 * SEC, None), 0);
         progress.request_arriving();
-        assert_eq!(stalls.close_stalled_at(first + 60 * SEC, None), 1, "a request arriving for a minute is stalled");
         progress.request_arrived();
         assert_eq!(stalls.close_stalled_at(first + 120 * SEC, None), 0);
-        assert_eq!(closed.load(Ordering::SeqCst), 1);
+        // Without the kernel's counts, a request arriving for a minute is stalled.
+        progress.request_arriving();
+        assert_eq!(stalls.close_stalled_at(first + 60 * SEC, None), 1);
+        assert_eq!(conn.aborted.load(Ordering::SeqCst), 1);
     }
 
     #[test]
-    fn a_closed_connection_leaves_the_registry() {
+    fn a_closed_connection_leaves_the_registry_and_zero_disables() {
         let stalls = Stalls::new(Duration::from_secs(5));
-        let (closed, close) = counter();
-        let conn = stalls.register("127.0.0.1:700".parse().unwrap());
-        conn.close_with(close);
-        conn.progress.request_arriving.store(SEC, Ordering::Relaxed);
-        drop(conn);
+        let conn = Arc::new(FakeConn::default());
+        let reg = watched(&stalls, &conn);
+        reg.progress.request_arriving.store(SEC, Ordering::Relaxed);
+        drop(reg);
         assert_eq!(stalls.close_stalled_at(60 * SEC, None), 0);
-        assert_eq!(closed.load(Ordering::SeqCst), 0);
         assert!(stalls.conns.lock().is_empty());
+
+        let never = Stalls::new(Duration::ZERO);
+        let reg = watched(&never, &conn);
+        reg.progress.request_arriving.store(SEC, Ordering::Relaxed);
+        assert_eq!(never.close_stalled_at(3600 * SEC, None), 0);
+        assert_eq!(conn.aborted.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn the_kernel_counts_a_socket_s_bytes() {
+        use std::io::{Read, Write};
+        use std::os::fd::AsRawFd;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut server, _) = listener.accept().unwrap();
+        server.write_all(&[7u8; 5000]).unwrap();
+        let mut got = [0u8; 5000];
+        client.read_exact(&mut got).unwrap();
+        client.write_all(b"x").unwrap();
+        let mut one = [0u8; 1];
+        server.read_exact(&mut one).unwrap();
+        let c = tcp_counts(server.as_raw_fd()).expect("TCP_INFO");
+        assert_eq!(c.bytes_acked, 5000);
+        assert!(c.ms_since_data_received < 5000, "{c:?}");
+        assert_eq!(tcp_counts(-1), None);
     }
 }

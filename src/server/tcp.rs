@@ -18,7 +18,7 @@
 //! all of it at once (`RecordStream`, a raised `SO_RCVLOWAT`) instead of waking for every
 //! segment.
 
-use super::stalls::Progress;
+use super::stalls::{self, Progress, TcpCounts, Watched};
 use super::Shared;
 use crate::rpc::dispatch::Handled;
 use crate::rpc::record::{read_record, RecordSource};
@@ -272,7 +272,8 @@ impl ReplySink {
                     for o in unsent.into_iter().rev() {
                         st.queue.push_front(o);
                     }
-                    self.progress.write_blocked();
+                    let fd = self.socket.as_ref().as_raw_fd();
+                    self.progress.write_blocked(|| stalls::tcp_counts(fd).map(|c| c.bytes_acked));
                     return Sent::Blocked;
                 }
                 Err(_) => {
@@ -390,6 +391,13 @@ impl ReplySink {
         self.wake_writer.notify_one();
     }
 
+}
+
+impl Watched for ReplySink {
+    fn tcp_counts(&self) -> Option<TcpCounts> {
+        stalls::tcp_counts(self.socket.as_ref().as_raw_fd())
+    }
+
     /// Closes the connection and has the kernel drop what is still in its send buffer (a
     /// reset once the socket is closed): a client found stalled would take megabytes of
     /// replies it cannot use before it saw the end of the stream.
@@ -485,14 +493,8 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
     let stall_watch = shared.stalls.register(peer);
     let progress = stall_watch.progress();
     let sink = Arc::new(ReplySink::new(wr, progress.clone()));
-    stall_watch.close_with({
-        let sink = Arc::downgrade(&sink);
-        move || {
-            if let Some(sink) = sink.upgrade() {
-                sink.abort();
-            }
-        }
-    });
+    let watched: std::sync::Weak<dyn Watched> = Arc::downgrade(&sink) as std::sync::Weak<dyn Watched>;
+    stall_watch.watch(watched);
     let write_timeout = Duration::from_secs(shared.limits.write_timeout_secs);
     let mut writer = tokio::spawn(drain_replies(sink.clone(), write_timeout, peer));
     let per_conn = shared.limits.max_requests_per_connection.max(1);
