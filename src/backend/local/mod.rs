@@ -106,7 +106,13 @@ impl FsSync {
         self.group.sync(SyncKind::Full, |_| {
             let flushed = match &self.device {
                 Some(device) => sys::fsync(device),
-                None => sys::syncfs(root),
+                // `syncfs` writes the device's metadata buffers (inode tables among them)
+                // last, after the cache flush it makes (`sync_filesystem`: `sync_fs(wait)`,
+                // then `sync_blockdev`): on a disk with a volatile write cache they are not
+                // yet durable when it returns. An `fsync` after it flushes them: without a
+                // journal, ext4 flushes the device on every `fsync` (since Linux 6.5; before
+                // that, not for a clean file, docs/reliability.md).
+                None => sys::syncfs(root).and_then(|()| sys::fsync(root)),
             };
             if flushed.is_err() {
                 on_failure();
