@@ -247,7 +247,7 @@ pub fn prepare_tree_source(dst: &Path) -> Result<TreeSource> {
         Some(p) => (PathBuf::from(p), format!("the tree of $NASD_BENCH_TREE {SKIPPED}")),
         None => {
             let o = std::process::Command::new("python3")
-                .args(["-c", "import sysconfig, sys; print(sysconfig.get_paths()['stdlib']); print(sys.version.split()[0]); print(sys.executable)"])
+                .args(["-c", "import sysconfig, sys; print(sysconfig.get_paths()['stdlib']); print(sys.version.split()[0])"])
                 .output()
                 .context("running python3 to find its standard library")?;
             if !o.status.success() {
@@ -255,8 +255,9 @@ pub fn prepare_tree_source(dst: &Path) -> Result<TreeSource> {
             }
             let out = String::from_utf8_lossy(&o.stdout).to_string();
             let mut l = out.lines();
-            let (dir, ver, exe) = (l.next().unwrap_or(""), l.next().unwrap_or("?"), l.next().unwrap_or("python3"));
-            (PathBuf::from(dir), format!("the standard library of Python {ver} ({exe}) {SKIPPED}"))
+            let (dir, ver) = (l.next().unwrap_or(""), l.next().unwrap_or("?"));
+            // Named by version, not by path: where it lives is the machine's business.
+            (PathBuf::from(dir), format!("the standard library of the python3 on the PATH (Python {ver}) {SKIPPED}"))
         }
     };
     if !origin.is_dir() {

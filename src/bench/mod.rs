@@ -834,9 +834,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let src = local::prepare_tree_source(&work.join("tree-src")).map_err(|e| format!("{e:#}"));
         match &src {
             Ok(s) => notes.push(format!(
-                "real-tree jobs (untar, cp -r, rm -rf): {} at {}, copied once to {} before the jobs: {} ({} operations per job)",
+                "real-tree jobs (untar, cp -r, rm -rf): {}, copied once to {} before the jobs: {} ({} operations per job)",
                 s.what,
-                s.origin.display(),
                 s.path.display(),
                 s.stats.describe(),
                 s.stats.ops()
