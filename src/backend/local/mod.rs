@@ -103,7 +103,14 @@ impl FsSync {
     /// concurrent callers.
     /// `on_failure` runs when a flush fails, before any caller learns the outcome.
     fn flush(&self, root: &OwnedFd, on_failure: impl Fn()) -> VfsResult<()> {
-        self.group.sync(SyncKind::Full, |_| {
+        self.flush_kind(SyncKind::Full, root, on_failure)
+    }
+
+    /// `Full`: as [`Self::flush`]. `Data`, with `syncfs`: everything written, but the
+    /// disk's cache not flushed after `syncfs`'s last writes; the caller's own `fsync`
+    /// that follows does that.
+    fn flush_kind(&self, kind: SyncKind, root: &OwnedFd, on_failure: impl Fn()) -> VfsResult<()> {
+        self.group.sync(kind, |kind| {
             let flushed = match &self.device {
                 Some(device) => sys::fsync(device),
                 // `syncfs` writes the device's metadata buffers (inode tables among them)
@@ -112,7 +119,8 @@ impl FsSync {
                 // yet durable when it returns. An `fsync` after it flushes them: without a
                 // journal, ext4 flushes the device on every `fsync` (since Linux 6.5; before
                 // that, not for a clean file, docs/reliability.md).
-                None => sys::syncfs(root).and_then(|()| sys::fsync(root)),
+                None if kind == SyncKind::Full => sys::syncfs(root).and_then(|()| sys::fsync(root)),
+                None => sys::syncfs(root),
             };
             if flushed.is_err() {
                 on_failure();
@@ -571,24 +579,38 @@ impl LocalFs {
         let fd = self.io_fd(cred, obj, attr, R)?;
         // A failed sync changes the verifier before any caller learns the outcome: a sync
         // that succeeds after it must not be answered with the old one.
-        obj.sync.sync(kind, |kind| {
-            let synced = match kind {
-                SyncKind::Data => sys::fdatasync(&fd),
-                SyncKind::Full => sys::fsync(&fd),
-            };
-            if synced.is_err() {
-                self.renew_write_verifier();
+        let file_sync = || {
+            obj.sync.sync(kind, |kind| {
+                let synced = match kind {
+                    SyncKind::Data => sys::fdatasync(&fd),
+                    SyncKind::Full => sys::fsync(&fd),
+                };
+                if synced.is_err() {
+                    self.renew_write_verifier();
+                }
+                synced
+            })
+        };
+        // Without a journal, kernels before the 2025 fix of ext4's no-journal fsync leave
+        // the inode table block behind when the inode was changed without being marked
+        // dirty, as when writeback allocates the blocks of a hole: the data is on disk,
+        // the extent that points to it is not. So the whole file system's metadata
+        // follows.
+        match &self.fs_sync {
+            None => file_sync(),
+            // `syncfs` writes the file's data and everything else first; the file's own
+            // `fsync` then flushes the disk's cache after `syncfs`'s last writes (one
+            // flush fewer than `fsync`, `syncfs`, `fsync` of the root) and reports the
+            // file's own writeback errors.
+            Some(fs) if fs.device.is_none() => {
+                fs.flush_kind(SyncKind::Data, &self.root_fd, || self.renew_write_verifier())?;
+                file_sync()
             }
-            synced
-        })?;
-        if let Some(fs) = &self.fs_sync {
-            // Without a journal, kernels before the 2025 fix of ext4's no-journal fsync
-            // leave the inode table block behind when the inode was changed without being
-            // marked dirty, as when writeback allocates the blocks of a hole: the data is
-            // on disk, the extent that points to it is not.
-            fs.flush(&self.root_fd, || self.renew_write_verifier())?;
+            Some(fs) => {
+                file_sync()?;
+                fs.flush(&self.root_fd, || self.renew_write_verifier())
+            }
         }
-        Ok(())
     }
 
     /// After a failed sync nasd can no longer vouch for UNSTABLE writes to any file: the
