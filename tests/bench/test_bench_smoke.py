@@ -108,19 +108,23 @@ def test_bench_smoke(tmp_path):
     assert not (out / "data").exists()  # servers' data removed
 
 
+def bench_results(out, *args):
+    """Runs `nasd bench ARGS --out OUT`, which must succeed; returns its stderr and
+    results.json."""
+    cmd = [str(NASD), "bench", *args, "--out", str(out), "--fio", fio_binary()]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    print(p.stderr[-4000:])
+    assert p.returncode == 0, p.stderr[-4000:]
+    return p.stderr, json.loads((out / "results.json").read_text())
+
+
 @pytest.mark.skipif(not NASD.exists(), reason="build nasd first: cargo build --release")
 def test_bench_parallel_metadata(tmp_path):
     """The metadata suite's parallel jobs against nasd and the local disk: eight nfsh
     processes create 5000 files at once, each in a directory of its own, then remove them.
     Every operation reaches nasd, and the eight loops really overlap in time."""
     out = tmp_path / "report"
-    cmd = [str(NASD), "bench", "--suite", "metadata", "--only", "clients", "--target", "nasd",
-           "--out", str(out), "--fio", fio_binary()]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    print(p.stderr[-4000:])
-    assert p.returncode == 0, p.stderr[-4000:]
-
-    results = json.loads((out / "results.json").read_text())
+    _, results = bench_results(out, "--suite", "metadata", "--only", "clients", "--target", "nasd")
     jobs = {j["job"]["name"]: j for j in results["jobs"]}
     assert list(jobs) == ["create 5000 files × 8 clients", "remove 5000 files × 8 clients"]
     for name, job in jobs.items():
@@ -151,13 +155,8 @@ def test_bench_repeats_metadata_steps_each_in_a_directory_of_its_own(tmp_path):
     5000 files behind, so a second create in the same place would only open files that
     exist and the listing would count the first repetition's files."""
     out = tmp_path / "report"
-    cmd = [str(NASD), "bench", "--suite", "metadata", "--only", "readdir", "--repeat", "2",
-           "--target", "nasd", "--keep-data", "--out", str(out), "--fio", fio_binary()]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    print(p.stderr[-4000:])
-    assert p.returncode == 0, p.stderr[-4000:]
-
-    results = json.loads((out / "results.json").read_text())
+    stderr, results = bench_results(out, "--suite", "metadata", "--only", "readdir", "--repeat", "2",
+                                    "--target", "nasd", "--keep-data")
     jobs = {j["job"]["name"]: j for j in results["jobs"]}
     assert list(jobs) == ["create 5000 files", "readdir 5000 files"]
     for name, job in jobs.items():
@@ -166,7 +165,7 @@ def test_bench_repeats_metadata_steps_each_in_a_directory_of_its_own(tmp_path):
             assert m["meta"]["ops"] == 5000, (name, m["target"], m["meta"])
             assert len(m["repeats"]) == 2, (name, m["target"], m["repeats"])
     # the steps ran in order in each repetition: create, readdir, create, readdir
-    order = p.stderr.index
+    order = stderr.index
     assert order("create 5000 files (1/2)") < order("readdir 5000 files (1/2)") \
         < order("create 5000 files (2/2)") < order("readdir 5000 files (2/2)")
     raw = {f.name for f in (out / "raw").glob("*-nasd*.json")}

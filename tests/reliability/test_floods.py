@@ -8,6 +8,7 @@ recorded in docs/reliability.md.
 Latency is compared with a baseline taken on the same machine at the start, with a
 generous factor: p99 < 20 x baseline p99 + 50 ms.
 """
+import contextlib
 import os
 import random
 import resource
@@ -188,32 +189,43 @@ def open_server_connections(port: int) -> int:
     return count
 
 
-def test_connections_that_stop_reading_give_back_their_slots(tmp_path):
-    """Connections that pipeline more 1 MiB READs than they have request slots and never
-    read a reply hold every global slot, but only until the write timeout: nasd then
-    closes them, drops their unsent replies and serves everyone else again."""
+@contextlib.contextmanager
+def few_slots(tmp_path, limits):
+    """nasd with 8 request slots per connection and 16 in all (plus `limits`, TOML lines),
+    exporting a 1 MiB file; yields the server, the export root's handle and the
+    arguments of a READ of the whole file."""
     export = tmp_path / "export"
     export.mkdir()
     (export / "big").write_bytes(os.urandom(1 << 20))
     config = tmp_path / "nasd.toml"
-    write_timeout = 2
-    # Two such connections fill all 16 global slots; the third waits for one.
-    config.write_text("[limits]\nmax_requests_per_connection = 8\nmax_requests_in_flight = 16\n"
-                      f"write_timeout_secs = {write_timeout}\n")
+    config.write_text("[limits]\nmax_requests_per_connection = 8\nmax_requests_in_flight = 16\n" + limits)
     with Nasd(export, args=["--no-root-squash", "--config", config]) as srv:
         with Nfs3Client("127.0.0.1", srv.port, cred=auth_sys(0, 0)) as c:
             root = c.root(str(export))
             big = c.lookup(root, "big").fh
-        args = nfs3_args.read(big, 0, 1 << 20)
+        yield srv, root, nfs3_args.read(big, 0, 1 << 20)
+
+
+def not_reading_client(srv, read_args, n):
+    """A connection that pipelines 40 READs of 1 MiB (more than its slots) and never
+    reads a reply. 40 calls of ~150 bytes fit in the socket buffers: sendall cannot block."""
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.sendall(b"".join(frame(build_call(100 * n + i, NFS_PROG, NFS_V3, 6, read_args, cred=auth_sys(0, 0)))
+                       for i in range(40)))
+    return s
+
+
+def test_connections_that_stop_reading_give_back_their_slots(tmp_path):
+    """Connections that pipeline more 1 MiB READs than they have request slots and never
+    read a reply hold every global slot, but only until the write timeout: nasd then
+    closes them, drops their unsent replies and serves everyone else again."""
+    # Two such connections fill all 16 global slots; the third waits for one.
+    with few_slots(tmp_path, "write_timeout_secs = 2\n") as (srv, root, args):
         hogs = []
         try:
             for n in range(3):
-                s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-                # 40 calls of ~150 bytes fit in the socket buffers: sendall cannot block.
-                s.sendall(b"".join(frame(build_call(100 * n + i, NFS_PROG, NFS_V3, 6, args, cred=auth_sys(0, 0)))
-                                   for i in range(40)))
-                hogs.append(s)
+                hogs.append(not_reading_client(srv, args, n))
             # Every slot holder is given up on after the write timeout (the third gets its
             # slots when the first two are closed, and is given up on one timeout later):
             # a new client is then answered.
@@ -259,24 +271,8 @@ def test_stalled_connections_are_closed_when_others_need_their_slots(tmp_path):
     here) would close them only after 30 s; while a new client waits for a slot, nasd
     closes those stalled for stall_timeout_secs (1 s) instead, and answers it within
     seconds."""
-    export = tmp_path / "export"
-    export.mkdir()
-    (export / "big").write_bytes(os.urandom(1 << 20))
-    config = tmp_path / "nasd.toml"
-    config.write_text("[limits]\nmax_requests_per_connection = 8\nmax_requests_in_flight = 16\n"
-                      "write_timeout_secs = 30\nstall_timeout_secs = 1\n")
-    with Nasd(export, args=["--no-root-squash", "--config", config]) as srv:
-        with Nfs3Client("127.0.0.1", srv.port, cred=auth_sys(0, 0)) as c:
-            root = c.root(str(export))
-            big = c.lookup(root, "big").fh
-        args = nfs3_args.read(big, 0, 1 << 20)
-        not_reading = []
-        for n in range(2):
-            s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            s.sendall(b"".join(frame(build_call(100 * n + i, NFS_PROG, NFS_V3, 6, args, cred=auth_sys(0, 0)))
-                               for i in range(40)))
-            not_reading.append(s)
+    with few_slots(tmp_path, "write_timeout_secs = 30\nstall_timeout_secs = 1\n") as (srv, root, args):
+        not_reading = [not_reading_client(srv, args, n) for n in range(2)]
         not_sending = []
         try:
             for attack, hogs in (("stopped reading", not_reading), ("stopped sending", not_sending)):
