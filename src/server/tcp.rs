@@ -390,7 +390,6 @@ impl ReplySink {
         drop(unsent);
         self.wake_writer.notify_one();
     }
-
 }
 
 impl Watched for ReplySink {
@@ -493,8 +492,7 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
     let stall_watch = shared.stalls.register(peer);
     let progress = stall_watch.progress();
     let sink = Arc::new(ReplySink::new(wr, progress.clone()));
-    let watched: std::sync::Weak<dyn Watched> = Arc::downgrade(&sink) as std::sync::Weak<dyn Watched>;
-    stall_watch.watch(watched);
+    stall_watch.watch(Arc::downgrade(&sink) as std::sync::Weak<dyn Watched>);
     let write_timeout = Duration::from_secs(shared.limits.write_timeout_secs);
     let mut writer = tokio::spawn(drain_replies(sink.clone(), write_timeout, peer));
     let per_conn = shared.limits.max_requests_per_connection.max(1);
