@@ -224,8 +224,6 @@ pub fn count_tree(dir: &Path) -> Result<TreeStats> {
 /// The source tree of the real-tree jobs, copied once per run (the copy is not timed).
 #[derive(Clone, Debug)]
 pub struct TreeSource {
-    /// Where it came from.
-    pub origin: PathBuf,
     /// What it is, for the report.
     pub what: String,
     /// The copy the jobs read (below the report directory).
@@ -265,7 +263,7 @@ pub fn prepare_tree_source(dst: &Path) -> Result<TreeSource> {
     }
     let _ = std::fs::remove_dir_all(dst);
     let stats = copy_tree(&origin, dst, &stdlib_skip).with_context(|| format!("copying {} to {}", origin.display(), dst.display()))?;
-    Ok(TreeSource { origin, what, path: dst.to_path_buf(), stats })
+    Ok(TreeSource { what, path: dst.to_path_buf(), stats })
 }
 
 /// The real-tree jobs on the local file system, below `root`: untar = copy `src` to
