@@ -104,9 +104,9 @@ pub fn meta(root: &Path, op: MetaOp, files: u32, dirs: u32) -> Result<(u64, f64)
                     std::fs::File::create(dp.join(format!("f{f:08}")))?;
                 }
             }
-            let secs = t0.elapsed().as_secs_f64();
-            let _ = std::fs::remove_dir_all(&tree);
-            return Ok(((dirs * (per + 1)) as u64, secs));
+            // The tree stays until the bench's data goes: removing it here would slow the
+            // creates that follow (`suites::run_order`).
+            return Ok(((dirs * (per + 1)) as u64, t0.elapsed().as_secs_f64()));
         }
         Create => {
             let _ = std::fs::remove_dir_all(&flat);

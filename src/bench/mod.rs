@@ -628,11 +628,6 @@ impl Runner {
                 }
                 m.ops_per_sec = Some(ops / secs.max(1e-9));
                 m.meta = Some(MetaFigures { ops: ops as u64, seconds: secs, bytes: None });
-                if *op == MetaOp::Tree {
-                    if let Some(d) = t.data_dir() {
-                        let _ = std::fs::remove_dir_all(self.meta_root(&d).join("md-tree"));
-                    }
-                }
             }
         }
         Ok(())
@@ -854,6 +849,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.repeat > 1 {
         notes.push(format!("each fio and metadata job ran {} times per target (targets interleaved; the metadata jobs as a whole run of steps, each repetition in a directory of its own, since each step works on the files an earlier one made); tables show the median run, the section Repetitions lists every figure. iozone jobs ran once.", args.repeat));
     }
+    let meta_step = |frees: bool| jobs.iter().any(|j| matches!(j.kind, JobKind::Meta { op, .. } if op.frees_inodes() == frees));
+    if meta_step(true) && meta_step(false) {
+        notes.push("the metadata steps that remove files (remove, rm -rf) ran after all the others, those of every repetition: ext4 without a journal passes over each inode freed in the last minute whenever it allocates one, so creates made soon after thousands of removals are slower, whichever server makes them (removals by other programs shortly before the run count too).".into());
+    }
     let mut planned_done = 0.0;
     let t_jobs = Instant::now();
     let mut results: Vec<JobResult> = Vec::new();
@@ -866,19 +865,18 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let end = if jobs[first].is_meta() { first + jobs[first..].iter().take_while(|j| j.is_meta()).count() } else { first + 1 };
         let reps = jobs[first].repetitions(args.repeat);
         let mut per_job: Vec<Vec<Vec<Measurement>>> = vec![vec![Vec::new(); k]; end - first];
-        for rep in 0..reps {
+        for (rep, at) in suites::run_order(&jobs[first..end], reps) {
             runner.round = rep;
-            for (i, job) in jobs.iter().enumerate().take(end).skip(first) {
-                // Alternate which target goes first (fairness: caches, disk state, thermal).
-                for step in 0..k {
-                    let ti = (i + rep as usize + step) % k;
-                    let elapsed = t_jobs.elapsed().as_secs_f64();
-                    let eta = if planned_done > 0.0 { (planned_total - planned_done) * elapsed / planned_done } else { planned_total };
-                    let of = if reps > 1 { format!(" ({}/{reps})", rep + 1) } else { String::new() };
-                    eprintln!("bench: [{}/{n}] {:<8} {:<40} elapsed {} ETA {}", i + 1, tgts[ti].name, format!("{}{of}", job.name), fmt_dur(elapsed), fmt_dur(eta));
-                    per_job[i - first][ti].push(runner.run_job(&mut tgts[ti], job, i));
-                    planned_done += job.planned_secs();
-                }
+            let (i, job) = (first + at, &jobs[first + at]);
+            // Alternate which target goes first (fairness: caches, disk state, thermal).
+            for step in 0..k {
+                let ti = (i + rep as usize + step) % k;
+                let elapsed = t_jobs.elapsed().as_secs_f64();
+                let eta = if planned_done > 0.0 { (planned_total - planned_done) * elapsed / planned_done } else { planned_total };
+                let of = if reps > 1 { format!(" ({}/{reps})", rep + 1) } else { String::new() };
+                eprintln!("bench: [{}/{n}] {:<8} {:<40} elapsed {} ETA {}", i + 1, tgts[ti].name, format!("{}{of}", job.name), fmt_dur(elapsed), fmt_dur(eta));
+                per_job[at][ti].push(runner.run_job(&mut tgts[ti], job, i));
+                planned_done += job.planned_secs();
             }
         }
         runner.round = 0;
