@@ -1,6 +1,6 @@
 //! Command line: `nasd serve`.
 
-use crate::exports::{parse_exports, ClientRule, ClientSpec, Export, ExportOptions, ExportTable, Squash};
+use crate::exports::{parse_exports, ClientRule, ClientSpec, Export, ExportOptions, ExportTable};
 use crate::server::{Config, Server, UsageError};
 use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
@@ -76,10 +76,10 @@ struct ServeArgs {
     #[arg(long, conflicts_with = "exports")]
     all_squash: bool,
     /// DIR mode: uid for squashed users.
-    #[arg(long, default_value_t = 65534, conflicts_with = "exports")]
+    #[arg(long, default_value_t = 65534, value_parser = anon_id, conflicts_with = "exports")]
     anonuid: u32,
     /// DIR mode: gid for squashed users.
-    #[arg(long, default_value_t = 65534, conflicts_with = "exports")]
+    #[arg(long, default_value_t = 65534, value_parser = anon_id, conflicts_with = "exports")]
     anongid: u32,
     /// DIR mode: accept requests only from privileged source ports (below 1024).
     #[arg(long, conflicts_with = "exports")]
@@ -184,13 +184,8 @@ fn single_dir_exports(dir: &std::path::Path, args: &ServeArgs) -> anyhow::Result
     let options = ExportOptions {
         read_only: args.ro,
         sync: !args.async_writes,
-        squash: if args.all_squash {
-            Squash::All
-        } else if args.no_root_squash {
-            Squash::None
-        } else {
-            Squash::Root
-        },
+        root_squash: !args.no_root_squash,
+        all_squash: args.all_squash,
         anonuid: args.anonuid,
         anongid: args.anongid,
         secure: args.secure,
@@ -281,4 +276,14 @@ fn init_logging(filter: &str) {
     use tracing_subscriber::EnvFilter;
     let filter = std::env::var("RUST_LOG").ok().map(EnvFilter::new).unwrap_or_else(|| EnvFilter::new(filter));
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+/// An anonymous uid or gid: 4294967295 ((uid_t)-1) names no one, and calls squashed to
+/// it would keep the server's own identity.
+fn anon_id(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(crate::exports::INVALID_ID) => Err("4294967295 (-1) is no one's id".into()),
+        Ok(id) => Ok(id),
+        Err(e) => Err(format!("{s}: {e}")),
+    }
 }

@@ -5,7 +5,7 @@ mod parse;
 mod squash;
 
 pub use parse::{parse_exports, ExportsError};
-pub use squash::squash;
+pub use squash::{squash, INVALID_ID};
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -14,13 +14,6 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Squash {
-    None,
-    Root,
-    All,
-}
-
 /// Per-client export options (exports(5) names in comments).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExportOptions {
@@ -28,8 +21,11 @@ pub struct ExportOptions {
     pub read_only: bool,
     /// `sync` / `async`
     pub sync: bool,
-    /// `no_root_squash` / `root_squash` / `all_squash`
-    pub squash: Squash,
+    /// `root_squash` / `no_root_squash`: uid and gid 0 act as the anonymous ids.
+    pub root_squash: bool,
+    /// `all_squash` / `no_all_squash`: every caller acts as the anonymous ids, whatever
+    /// `root_squash` says (the two are independent, as in exports(5)).
+    pub all_squash: bool,
     pub anonuid: u32,
     pub anongid: u32,
     /// `secure`: requests must come from a port below 1024.
@@ -39,7 +35,7 @@ pub struct ExportOptions {
 impl Default for ExportOptions {
     /// The exports(5) defaults.
     fn default() -> Self {
-        Self { read_only: true, sync: true, squash: Squash::Root, anonuid: 65534, anongid: 65534, secure: true }
+        Self { read_only: true, sync: true, root_squash: true, all_squash: false, anonuid: 65534, anongid: 65534, secure: true }
     }
 }
 

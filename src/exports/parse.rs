@@ -8,7 +8,8 @@
 //! Lines may continue with a trailing backslash. Options after `-` directly following the
 //! path are the defaults for the clients on that line.
 
-use super::{export_id_for_path, ClientRule, ClientSpec, Export, ExportOptions, ExportTable, Squash};
+use super::squash::INVALID_ID;
+use super::{export_id_for_path, ClientRule, ClientSpec, Export, ExportOptions, ExportTable};
 use std::net::{IpAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use thiserror::Error;
@@ -205,28 +206,39 @@ fn apply_options(o: &mut ExportOptions, list: &str, fsid: &mut Option<u32>) -> R
         };
         let num = |v: Option<&str>| -> Result<u32, String> {
             let v = v.ok_or_else(|| format!("{key} needs a value"))?;
-            v.parse::<i64>()
-                .ok()
-                .and_then(|n| if n == -1 { Some(u32::MAX) } else { u32::try_from(n).ok() })
-                .ok_or_else(|| format!("{key}={v}: not a number"))
+            v.parse::<u32>().map_err(|_| format!("{key}={v}: not a number from 0 to 4294967295"))
+        };
+        // An anonymous id of -1 would leave calls with the server's own identity.
+        let anon_id = |v: Option<&str>| -> Result<u32, String> {
+            match v.map(str::trim) {
+                Some("-1") => Err(format!("{key}=-1: 4294967295 (-1) is no one's id")),
+                _ => num(v).and_then(|n| if n == INVALID_ID { Err(format!("{key}={n}: 4294967295 (-1) is no one's id")) } else { Ok(n) }),
+            }
+        };
+        // Options that take no value, as in nfs-utils: `rw=host` (another system's syntax
+        // for a host list) must not quietly mean `rw` for everyone.
+        let flag = |set: &mut dyn FnMut()| -> Result<(), String> {
+            match value {
+                None => {
+                    set();
+                    Ok(())
+                }
+                Some(_) => Err(format!("export option {opt:?}: {key} takes no value")),
+            }
         };
         match key {
-            "rw" => o.read_only = false,
-            "ro" => o.read_only = true,
-            "sync" => o.sync = true,
-            "async" => o.sync = false,
-            "root_squash" => o.squash = Squash::Root,
-            "no_root_squash" => o.squash = Squash::None,
-            "all_squash" => o.squash = Squash::All,
-            "no_all_squash" => {
-                if o.squash == Squash::All {
-                    o.squash = Squash::Root
-                }
-            }
-            "anonuid" => o.anonuid = num(value)?,
-            "anongid" => o.anongid = num(value)?,
-            "secure" => o.secure = true,
-            "insecure" => o.secure = false,
+            "rw" => flag(&mut || o.read_only = false)?,
+            "ro" => flag(&mut || o.read_only = true)?,
+            "sync" => flag(&mut || o.sync = true)?,
+            "async" => flag(&mut || o.sync = false)?,
+            "root_squash" => flag(&mut || o.root_squash = true)?,
+            "no_root_squash" => flag(&mut || o.root_squash = false)?,
+            "all_squash" => flag(&mut || o.all_squash = true)?,
+            "no_all_squash" => flag(&mut || o.all_squash = false)?,
+            "anonuid" => o.anonuid = anon_id(value)?,
+            "anongid" => o.anongid = anon_id(value)?,
+            "secure" => flag(&mut || o.secure = true)?,
+            "insecure" => flag(&mut || o.secure = false)?,
             "fsid" => match value {
                 Some("root") | Some("0") => *fsid = Some(0),
                 _ => *fsid = Some(num(value)?),
@@ -266,10 +278,10 @@ mod tests {
         assert_eq!(a.rules.len(), 3);
         assert_eq!(a.rules[0].spec, ClientSpec::Address("127.0.0.1".parse().unwrap()));
         assert!(!a.rules[0].options.read_only && !a.rules[0].options.secure);
-        assert_eq!(a.rules[0].options.squash, Squash::None);
+        assert!(!a.rules[0].options.root_squash && !a.rules[0].options.all_squash);
         assert_eq!(a.rules[1].spec, ClientSpec::Network("10.0.0.0".parse().unwrap(), 8));
         assert!(a.rules[1].options.read_only);
-        assert_eq!(a.rules[2].options.squash, Squash::All);
+        assert!(a.rules[2].options.all_squash);
         assert_eq!((a.rules[2].options.anonuid, a.rules[2].options.anongid), (1000, 100));
         let b = &t.exports[1];
         assert_eq!(b.path, PathBuf::from("/srv/with space"));

@@ -1,29 +1,31 @@
 //! Credential squashing (exports(5) "User ID Mapping").
 
-use super::{ExportOptions, Squash};
+use super::ExportOptions;
 use crate::rpc::Credential;
 use crate::vfs::Cred;
 
-/// The identity a call runs as. AUTH_NONE is always anonymous; `root_squash` maps uid 0
-/// and gid 0 (also among the supplementary groups) to the anonymous ids; `all_squash`
-/// maps everyone.
+/// `(uid_t)-1`: no one's id. The kernel's `setfsuid`/`setfsgid` ignore it and
+/// `setgroups` refuses it, so a call run with it would keep the server's own identity.
+pub const INVALID_ID: u32 = u32::MAX;
+
+/// The identity a call runs as. AUTH_NONE is always anonymous; `all_squash` maps
+/// everyone; `root_squash` maps uid 0 and gid 0 (also among the supplementary groups) to
+/// the anonymous ids. An id of -1 is the anonymous one too (as knfsd has it), and a
+/// supplementary group of -1, which matches no file, is left out.
 pub fn squash(opts: &ExportOptions, cred: &Credential) -> Cred {
     let anon = Cred { uid: opts.anonuid, gid: opts.anongid, groups: Vec::new() };
     let sys = match cred {
         Credential::None => return anon,
         Credential::Sys(s) => s,
     };
-    match opts.squash {
-        Squash::All => anon,
-        Squash::None => Cred { uid: sys.uid, gid: sys.gid, groups: sys.gids.clone() },
-        Squash::Root => {
-            let map_gid = |g: u32| if g == 0 { opts.anongid } else { g };
-            Cred {
-                uid: if sys.uid == 0 { opts.anonuid } else { sys.uid },
-                gid: map_gid(sys.gid),
-                groups: sys.gids.iter().map(|&g| map_gid(g)).collect(),
-            }
-        }
+    if opts.all_squash {
+        return anon;
+    }
+    let squashed = |id: u32| id == INVALID_ID || (opts.root_squash && id == 0);
+    Cred {
+        uid: if squashed(sys.uid) { opts.anonuid } else { sys.uid },
+        gid: if squashed(sys.gid) { opts.anongid } else { sys.gid },
+        groups: sys.gids.iter().filter(|&&g| g != INVALID_ID).map(|&g| if squashed(g) { opts.anongid } else { g }).collect(),
     }
 }
 
@@ -38,17 +40,29 @@ mod tests {
 
     #[test]
     fn root_squash_maps_root_only() {
-        let o = ExportOptions { squash: Squash::Root, anonuid: 65534, anongid: 65533, ..Default::default() };
+        let o = ExportOptions { root_squash: true, anonuid: 65534, anongid: 65533, ..Default::default() };
         assert_eq!(squash(&o, &sys(0, 0, vec![0, 5])), Cred { uid: 65534, gid: 65533, groups: vec![65533, 5] });
         assert_eq!(squash(&o, &sys(1000, 100, vec![10])), Cred { uid: 1000, gid: 100, groups: vec![10] });
     }
 
     #[test]
     fn all_squash_and_no_squash_and_auth_none() {
-        let all = ExportOptions { squash: Squash::All, anonuid: 7, anongid: 8, ..Default::default() };
+        let all = ExportOptions { all_squash: true, anonuid: 7, anongid: 8, ..Default::default() };
         assert_eq!(squash(&all, &sys(1000, 100, vec![1])), Cred { uid: 7, gid: 8, groups: vec![] });
-        let none = ExportOptions { squash: Squash::None, ..Default::default() };
+        let none = ExportOptions { root_squash: false, ..Default::default() };
         assert_eq!(squash(&none, &sys(0, 0, vec![])), Cred::root());
         assert_eq!(squash(&none, &Credential::None).uid, 65534);
+        // all_squash wins over no_root_squash: they are independent
+        let both = ExportOptions { all_squash: true, root_squash: false, anonuid: 7, anongid: 8, ..Default::default() };
+        assert_eq!(squash(&both, &sys(0, 0, vec![])), Cred { uid: 7, gid: 8, groups: vec![] });
+    }
+
+    #[test]
+    fn the_invalid_id_is_the_anonymous_one_whatever_the_squashing() {
+        for root_squash in [true, false] {
+            let o = ExportOptions { root_squash, anonuid: 11, anongid: 12, ..Default::default() };
+            assert_eq!(squash(&o, &sys(INVALID_ID, 100, vec![INVALID_ID, 5])), Cred { uid: 11, gid: 100, groups: vec![5] });
+            assert_eq!(squash(&o, &sys(1000, INVALID_ID, vec![INVALID_ID])), Cred { uid: 1000, gid: 12, groups: vec![] });
+        }
     }
 }

@@ -1,6 +1,7 @@
 """Access control: client address rules, ro, secure, squashing, AUTH_SYS identity."""
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -8,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `import rig`
 
-from rig.nasd import Nasd  # noqa: E402
+from rig.nasd import Nasd, default_binary  # noqa: E402
 from rig import rpc  # noqa: E402
 from rig.rpc import Nfs3Client, RpcClient, auth_sys, NFS_PROG  # noqa: E402
 from integration._common import ROOT, make_export, write_exports  # noqa: E402
@@ -177,6 +178,35 @@ def test_nonroot_user_permissions(tmp_path):
     assert (export / "mine").read_bytes() == b"MINE"
     assert os.stat(export / "rootfile").st_mode & 0o777 == 0o644
     assert sorted(os.listdir(export)) == ["mine", "rootfile"]
+
+
+@needs_root
+@pytest.mark.parametrize("cred", [auth_sys(0xFFFFFFFF, 1000, gids=[1000]),
+                                  auth_sys(1000, 0xFFFFFFFF, gids=[0xFFFFFFFF])],
+                         ids=["uid", "gid"])
+def test_the_invalid_id_minus_one_never_acts_as_the_server(tmp_path, cred):
+    """(uid_t)-1 names nobody: `setfsuid(-1)` and `setfsgid(-1)` change nothing, so a call
+    that reached the file system with it would act as the server itself (root). Such an
+    id is the anonymous one instead, as with knfsd."""
+    export = make_export(tmp_path, mode=0o755)
+    for name, owner, mode in (("user-only", (4242, 4242), 0o600), ("group-0-only", (4242, 0), 0o070)):
+        (export / name).write_bytes(name.encode())
+        os.chown(export / name, *owner)
+        os.chmod(export / name, mode)
+    with Nasd(export) as n, Nfs3Client(n.host, n.port, cred=cred) as c:
+        root = c.root(n.export_dir)
+        for name in ("user-only", "group-0-only"):
+            fh = c.lookup(root, name).fh
+            assert c.read(fh).status == rpc.NFS3ERR_ACCES, name
+            assert c.write(fh, 0, b"HACK").status == rpc.NFS3ERR_ACCES, name
+        assert c.create(root, "planted", how="guarded").status == rpc.NFS3ERR_ACCES
+    # nor can an export make it the anonymous id
+    for opt in ("--anonuid", "--anongid"):
+        p = subprocess.run([str(default_binary()), "serve", str(export), opt, "4294967295"],
+                           capture_output=True, text=True, timeout=30)
+        assert p.returncode != 0 and "4294967295" in p.stderr, (opt, p.returncode, p.stderr[-500:])
+    assert sorted(os.listdir(export)) == ["group-0-only", "user-only"]
+    assert (export / "user-only").read_bytes() == b"user-only"
 
 
 @needs_root

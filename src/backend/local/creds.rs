@@ -6,6 +6,7 @@
 //! calling thread (glibc's `setgroups` wrapper would change every thread), and the last
 //! identity is remembered so a run of calls by one user costs no syscalls.
 
+use crate::exports::INVALID_ID;
 use crate::vfs::Cred;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,17 +44,42 @@ fn switch_identity(current: &mut Option<Cred>, cred: &Cred) {
         return;
     }
     let was_root = current.as_ref().is_none_or(|c| c.uid == 0);
+    // `setfsuid`/`setfsgid` report no error: given -1 they leave the identity as it was,
+    // and `setgroups` refuses -1, which would leave the groups as they were; either way
+    // the thread could keep acting as root. Squashing maps -1 away; should such an id
+    // get here all the same, the call acts as nobody instead.
+    let valid = cred.uid != INVALID_ID && cred.gid != INVALID_ID;
+    let applied = valid && apply_identity(cred);
+    let acting_as = if applied {
+        cred.clone()
+    } else {
+        tracing::error!(uid = cred.uid, gid = cred.gid, groups = ?cred.groups, "could not take on a caller's identity: acting as nobody");
+        let nobody = Cred { uid: NOBODY, gid: NOBODY, groups: Vec::new() };
+        apply_identity(&nobody);
+        nobody
+    };
+    if was_root != (acting_as.uid == 0) {
+        set_resource_override(acting_as.uid == 0);
+    }
+    *current = Some(acting_as);
+}
+
+/// The fallback identity, with no privileges and no groups.
+const NOBODY: u32 = 65534;
+
+/// Sets this thread's groups, fsgid and fsuid; false if the groups were refused.
+fn apply_identity(cred: &Cred) -> bool {
     // SAFETY: plain syscalls on this thread's credentials with valid pointers.
     unsafe {
         // Order: groups and gid first while still privileged, fsuid last.
-        libc::syscall(libc::SYS_setgroups, cred.groups.len(), cred.groups.as_ptr());
+        let groups = libc::syscall(libc::SYS_setgroups, cred.groups.len(), cred.groups.as_ptr()) == 0;
+        if !groups {
+            libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>());
+        }
         libc::syscall(libc::SYS_setfsgid, cred.gid);
         libc::syscall(libc::SYS_setfsuid, cred.uid);
+        groups
     }
-    if was_root != (cred.uid == 0) {
-        set_resource_override(cred.uid == 0);
-    }
-    *current = Some(cred.clone());
 }
 
 /// Back to full privileges (needed for `open_by_handle_at`).
@@ -117,6 +143,42 @@ mod tests {
         let status = std::fs::read_to_string("/proc/thread-self/status").expect("status");
         let line = status.lines().find(|l| l.starts_with("CapEff:")).expect("CapEff");
         u64::from_str_radix(line["CapEff:".len()..].trim(), 16).expect("hex")
+    }
+
+    /// This thread's fsuid and fsgid, from /proc ("Uid:\treal\teffective\tsaved\tfs").
+    fn fs_ids() -> (u32, u32) {
+        let status = std::fs::read_to_string("/proc/thread-self/status").expect("status");
+        let fs = |key: &str| -> u32 {
+            let line = status.lines().find(|l| l.starts_with(key)).expect(key);
+            line.split_whitespace().nth(4).expect("fs id").parse().expect("number")
+        };
+        (fs("Uid:"), fs("Gid:"))
+    }
+
+    #[test]
+    fn an_identity_that_cannot_be_taken_on_acts_as_nobody() {
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root (identities to switch)");
+            return;
+        }
+        std::thread::spawn(|| {
+            let mut current = None;
+            for bad in [
+                Cred { uid: INVALID_ID, gid: 1000, groups: vec![] },
+                Cred { uid: 1000, gid: INVALID_ID, groups: vec![] },
+                Cred { uid: 1000, gid: 1000, groups: vec![INVALID_ID] },
+            ] {
+                switch_identity(&mut current, &Cred::root());
+                assert_eq!(fs_ids(), (0, 0));
+                switch_identity(&mut current, &bad);
+                assert_eq!(fs_ids(), (NOBODY, NOBODY), "{bad:?}");
+                assert_eq!(effective_caps() & 0b10, 0, "no DAC override left: {bad:?}");
+            }
+            switch_identity(&mut current, &Cred { uid: 1000, gid: 1001, groups: vec![7] });
+            assert_eq!(fs_ids(), (1000, 1001));
+        })
+        .join()
+        .expect("thread");
     }
 
     #[test]
