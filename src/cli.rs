@@ -200,7 +200,7 @@ fn single_dir_exports(dir: &std::path::Path, args: &ServeArgs) -> anyhow::Result
         rules.push(ClientRule { spec, options: options.clone() });
     }
     let id = crate::exports::export_id_for_path(&path);
-    Ok(ExportTable { exports: vec![Export { id, path, rules }] })
+    Ok(ExportTable { exports: vec![Export { id, path, rules, needs_mount: None }] })
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
@@ -236,7 +236,25 @@ fn read_exports_file(file: &std::path::Path) -> anyhow::Result<ExportTable> {
     for e in &mut table.exports {
         e.path = e.path.canonicalize().map_err(|err| usage(format!("{}: export {}: {err}", file.display(), e.path.display())))?;
     }
+    // exportfs leaves such an export out and serves the others.
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    table.exports.retain(|e| {
+        let Some(want) = &e.needs_mount else { return true };
+        let mounted = want.canonicalize().is_ok_and(|p| is_mount_point(&mounts, &p));
+        if !mounted {
+            tracing::error!(export = %e.path.display(), mount_point = %want.display(), "not exported: its mountpoint option names a directory that is not a mount point now");
+        }
+        mounted
+    });
     Ok(table)
+}
+
+/// Whether `path` (canonical) is where something is mounted, by `/proc/self/mountinfo`,
+/// whose fifth field is the mount point with space, tab, newline and backslash written
+/// in octal.
+fn is_mount_point(mountinfo: &str, path: &std::path::Path) -> bool {
+    let unescape = |field: &str| field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\");
+    mountinfo.lines().filter_map(|l| l.split(' ').nth(4)).any(|m| std::path::Path::new(&unescape(m)) == path)
 }
 
 /// SIGHUP re-reads the exports file and serves what it says now, as `exportfs -r` does;
@@ -285,5 +303,20 @@ fn anon_id(s: &str) -> Result<u32, String> {
         Ok(crate::exports::INVALID_ID) => Err("4294967295 (-1) is no one's id".into()),
         Ok(id) => Ok(id),
         Err(e) => Err(format!("{s}: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_points_from_mountinfo() {
+        let info = "22 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw\n\
+                    30 22 8:2 / /srv/my\\040data rw - ext4 /dev/sdb1 rw\n\
+                    31 22 0:5 / /srv/plain rw - tmpfs tmpfs rw\n";
+        let is = |p: &str| is_mount_point(info, std::path::Path::new(p));
+        assert!(is("/") && is("/srv/my data") && is("/srv/plain"));
+        assert!(!is("/srv") && !is("/srv/plain/sub") && !is("/srv/my\\040data"));
     }
 }

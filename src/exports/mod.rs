@@ -56,12 +56,16 @@ pub struct ClientRule {
     pub options: ExportOptions,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Export {
     /// Stable identity, carried in file handles: `fsid=` or derived from the path.
     pub id: u32,
     pub path: PathBuf,
     pub rules: Vec<ClientRule>,
+    /// `mountpoint`/`mp`: served only while this directory (the export's own path when the
+    /// option has no value) is a mount point, so that a file system that failed to mount
+    /// does not expose, and fill, the directory underneath.
+    pub needs_mount: Option<PathBuf>,
 }
 
 pub fn export_id_for_path(path: &std::path::Path) -> u32 {
@@ -201,15 +205,20 @@ fn prefer<'a>(best: &mut Option<(u32, &'a ExportOptions)>, rank: u32, options: &
     }
 }
 
-/// Rank of a wildcard match: below an address or host, above any network.
-const WILDCARD_RANK: u32 = 500;
+/// Which kind of rule wins when a client matches several, in the order exports(5) gives:
+/// a single host (address or name), an IP network, a wildcard, anyone.
+const HOST_RANK: u32 = 3;
+const NETWORK_RANK: u32 = 2;
+const WILDCARD_RANK: u32 = 1;
+const ANYONE_RANK: u32 = 0;
 
 impl Export {
-    /// The options for a client, or `None` if no rule admits it. The most specific rule
-    /// wins, as in knfsd: address or host, then wildcard, then the longest network, then
-    /// `*`. A wildcard rule may need the client's name from the resolver, which can take
-    /// seconds: without `may_resolve` (a thread that must not wait) that fails with
-    /// [`NameNotResolved`] unless the name is cached.
+    /// The options for a client, or `None` if no rule admits it. As exports(5) has it: a
+    /// rule for the single host wins over one for a network it is in, which wins over a
+    /// wildcard, which wins over `*`; between rules of one kind, the first on the line (not
+    /// the narrowest network). A wildcard rule may need the client's name from the
+    /// resolver, which can take seconds: without `may_resolve` (a thread that must not
+    /// wait) that fails with [`NameNotResolved`] unless the name is cached.
     pub fn options_for(&self, client: IpAddr, may_resolve: bool) -> Result<Option<&ExportOptions>, NameNotResolved> {
         self.options_with_name(client, |ip| client_name(ip, may_resolve))
     }
@@ -224,10 +233,10 @@ impl Export {
         let mut best: Option<(u32, &ExportOptions)> = None;
         for rule in &self.rules {
             let rank = match &rule.spec {
-                ClientSpec::Address(a) if *a == client => Some(1000),
-                ClientSpec::Host(_, addrs) if addrs.contains(&client) => Some(1000),
-                ClientSpec::Network(n, prefix) if ip_in_network(client, *n, *prefix) => Some(*prefix as u32 + 1),
-                ClientSpec::Anyone => Some(0),
+                ClientSpec::Address(a) if *a == client => Some(HOST_RANK),
+                ClientSpec::Host(_, addrs) if addrs.contains(&client) => Some(HOST_RANK),
+                ClientSpec::Network(n, prefix) if ip_in_network(client, *n, *prefix) => Some(NETWORK_RANK),
+                ClientSpec::Anyone => Some(ANYONE_RANK),
                 _ => None,
             };
             if let Some(rank) = rank {
@@ -312,7 +321,7 @@ mod tests {
     }
 
     #[test]
-    fn most_specific_rule_wins() {
+    fn host_then_network_then_anyone_and_the_first_network_on_the_line() {
         let e = Export {
             id: 1,
             path: "/srv".into(),
@@ -322,11 +331,15 @@ mod tests {
                 rule(ClientSpec::Network("10.1.0.0".parse().unwrap(), 16), true),
                 rule(ClientSpec::Address("10.1.2.3".parse().unwrap()), false),
             ],
+            needs_mount: None,
         };
-        assert!(e.options_for("192.168.1.1".parse().unwrap(), false).expect("no wildcard rule").unwrap().read_only);
-        assert!(!e.options_for("10.9.9.9".parse().unwrap(), false).expect("no wildcard rule").unwrap().read_only);
-        assert!(e.options_for("10.1.9.9".parse().unwrap(), false).expect("no wildcard rule").unwrap().read_only);
-        assert!(!e.options_for("10.1.2.3".parse().unwrap(), false).expect("no wildcard rule").unwrap().read_only);
+        let ro = |ip: &str| e.options_for(ip.parse().unwrap(), false).expect("no wildcard rule").unwrap().read_only;
+        assert!(ro("192.168.1.1"), "only * matches");
+        assert!(!ro("10.9.9.9"), "the /8 network");
+        assert!(!ro("10.1.9.9"), "the /8 network comes first on the line: the /16 is not looked at");
+        assert!(!ro("10.1.2.3"), "the host's own rule");
+        let narrow_first = Export { rules: vec![e.rules[2].clone(), e.rules[1].clone()], ..e.clone() };
+        assert!(narrow_first.options_for("10.1.9.9".parse().unwrap(), false).unwrap().unwrap().read_only);
         let only_net = Export { rules: vec![rule(ClientSpec::Network("127.0.0.0".parse().unwrap(), 8), false)], ..e };
         assert!(only_net.options_for("127.5.5.5".parse().unwrap(), false).expect("no wildcard rule").is_some());
         assert!(only_net.options_for("128.0.0.1".parse().unwrap(), false).expect("no wildcard rule").is_none());
@@ -352,12 +365,19 @@ mod tests {
                 rule(ClientSpec::Wildcard("*.trusted.lab".into()), false),
                 rule(ClientSpec::Address("10.5.5.5".parse().unwrap()), true),
             ],
+            needs_mount: None,
         };
         assert!(!e.options_with_name(client, named("a.trusted.lab")).unwrap().unwrap().read_only);
         assert!(e.options_with_name(client, named("a.other.lab")).unwrap().unwrap().read_only);
         assert!(e.options_with_name(client, |_| Ok(None)).unwrap().unwrap().read_only);
         // A thread that must not wait for the resolver learns that it would have to.
         assert_eq!(e.options_with_name(client, |_| Err(NameNotResolved)), Err(NameNotResolved));
+        // A network rule outranks any wildcard (exports(5) order), and needs no name.
+        let net_first = Export {
+            rules: vec![rule(ClientSpec::Wildcard("*.trusted.lab".into()), false), rule(ClientSpec::Network("10.0.0.0".parse().unwrap(), 8), true)],
+            ..e.clone()
+        };
+        assert!(net_first.options_with_name(client, |_| Err(NameNotResolved)).unwrap().unwrap().read_only);
         // An address rule outranks any wildcard: no name lookup at all.
         let asked = std::cell::Cell::new(false);
         let ask = |_| {
@@ -379,15 +399,15 @@ mod tests {
     fn mount_paths() {
         let t = ExportTable {
             exports: vec![
-                Export { id: 1, path: "/srv".into(), rules: vec![] },
-                Export { id: 2, path: "/srv/data".into(), rules: vec![] },
+                Export { id: 1, path: "/srv".into(), ..Default::default() },
+                Export { id: 2, path: "/srv/data".into(), ..Default::default() },
             ],
         };
         assert_eq!(t.for_mount_path("/srv/data/x").unwrap().0.id, 2);
         assert_eq!(t.for_mount_path("/srv/other").unwrap().1, PathBuf::from("other"));
         assert!(t.for_mount_path("/").is_none());
         assert!(t.for_mount_path("/srvx").is_none());
-        let single = ExportTable { exports: vec![Export { id: 1, path: "/srv".into(), rules: vec![] }] };
+        let single = ExportTable { exports: vec![Export { id: 1, path: "/srv".into(), ..Default::default() }] };
         assert_eq!(single.for_mount_path("/").unwrap().1, PathBuf::new());
         assert_eq!(single.for_mount_path("").unwrap().1, PathBuf::new());
         assert_eq!(single.for_mount_path("/srv/a").unwrap().1, PathBuf::from("a"));

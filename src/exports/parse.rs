@@ -5,8 +5,8 @@
 //! /srv/share   192.168.0.0/24(rw,no_root_squash) *.lab(ro) 10.0.0.5
 //! "/srv/with space" -rw,async  host1 host2(ro)
 //! ```
-//! Lines may continue with a trailing backslash. Options after `-` directly following the
-//! path are the defaults for the clients on that line.
+//! Lines may continue with a trailing backslash. Options after a `-` are the defaults for
+//! the clients after them on that line.
 
 use super::squash::INVALID_ID;
 use super::{export_id_for_path, ClientRule, ClientSpec, Export, ExportOptions, ExportTable};
@@ -131,13 +131,14 @@ fn parse_line(line: &str) -> Result<Export, String> {
         return Err(format!("export path {path:?} is not absolute"));
     }
     let mut defaults = ExportOptions::default();
-    let mut fsid = None;
-    if let Some(d) = it.peek().filter(|t| t.starts_with('-')).cloned() {
-        it.next();
-        apply_options(&mut defaults, &d[1..], &mut fsid)?;
-    }
+    let mut export_opts = PerExport::default();
     let mut rules = Vec::new();
     for tok in it {
+        // `-opts`: defaults for the clients after it on the line.
+        if let Some(d) = tok.strip_prefix('-') {
+            apply_options(&mut defaults, d, &mut export_opts)?;
+            continue;
+        }
         let (client, opts) = match tok.find('(') {
             Some(p) => {
                 let inner = tok[p + 1..].strip_suffix(')').ok_or_else(|| format!("bad client entry {tok:?}"))?;
@@ -145,9 +146,14 @@ fn parse_line(line: &str) -> Result<Export, String> {
             }
             None => (tok.as_str(), None),
         };
+        if client.is_empty() {
+            // `host (rw)`: the space makes `(rw)` a rule for everyone, as in exportfs,
+            // which warns about it too.
+            tracing::warn!(export = %path, options = ?opts, "options with no client before them apply to every client: write *(...) if that is meant, or remove the space after the host");
+        }
         let mut options = defaults.clone();
         if let Some(o) = opts {
-            apply_options(&mut options, o, &mut fsid)?;
+            apply_options(&mut options, o, &mut export_opts)?;
         }
         rules.push(ClientRule { spec: parse_client(client)?, options });
     }
@@ -156,7 +162,16 @@ fn parse_line(line: &str) -> Result<Export, String> {
         rules.push(ClientRule { spec: ClientSpec::Anyone, options: defaults });
     }
     let path = PathBuf::from(path);
-    Ok(Export { id: fsid.unwrap_or_else(|| export_id_for_path(&path)), path, rules })
+    let needs_mount = export_opts.mountpoint.map(|m| m.map_or_else(|| path.clone(), PathBuf::from));
+    Ok(Export { id: export_opts.fsid.unwrap_or_else(|| export_id_for_path(&path)), path, rules, needs_mount })
+}
+
+/// Options that belong to the export rather than to one client.
+#[derive(Default)]
+struct PerExport {
+    fsid: Option<u32>,
+    /// `mountpoint`/`mp`, with its path if one was given.
+    mountpoint: Option<Option<String>>,
 }
 
 fn parse_client(s: &str) -> Result<ClientSpec, String> {
@@ -194,11 +209,14 @@ fn parse_client(s: &str) -> Result<ClientSpec, String> {
     if !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_') {
         return Err(format!("bad client name {s:?}"));
     }
-    let addrs = (s, 0).to_socket_addrs().map(|a| a.map(|sa| sa.ip()).collect()).unwrap_or_default();
+    let addrs: Vec<IpAddr> = (s, 0).to_socket_addrs().map(|a| a.map(|sa| sa.ip()).collect()).unwrap_or_default();
+    if addrs.is_empty() {
+        tracing::warn!(host = s, "the host name resolves to no address: its rule admits no one");
+    }
     Ok(ClientSpec::Host(s.to_string(), addrs))
 }
 
-fn apply_options(o: &mut ExportOptions, list: &str, fsid: &mut Option<u32>) -> Result<(), String> {
+fn apply_options(o: &mut ExportOptions, list: &str, export: &mut PerExport) -> Result<(), String> {
     for opt in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (key, value) = match opt.split_once('=') {
             Some((k, v)) => (k, Some(v)),
@@ -240,8 +258,12 @@ fn apply_options(o: &mut ExportOptions, list: &str, fsid: &mut Option<u32>) -> R
             "secure" => flag(&mut || o.secure = true)?,
             "insecure" => flag(&mut || o.secure = false)?,
             "fsid" => match value {
-                Some("root") | Some("0") => *fsid = Some(0),
-                _ => *fsid = Some(num(value)?),
+                Some("root") | Some("0") => export.fsid = Some(0),
+                _ => export.fsid = Some(num(value)?),
+            },
+            "mountpoint" | "mp" => match value {
+                Some(p) if !p.starts_with('/') => return Err(format!("{opt}: the path must be absolute")),
+                _ => export.mountpoint = Some(value.map(str::to_string)),
             },
             "sec" => {
                 if value != Some("sys") {
@@ -250,8 +272,7 @@ fn apply_options(o: &mut ExportOptions, list: &str, fsid: &mut Option<u32>) -> R
             }
             // Accepted for compatibility; they do not change behaviour here.
             "subtree_check" | "no_subtree_check" | "wdelay" | "no_wdelay" | "hide" | "nohide" | "crossmnt"
-            | "no_acl" | "acl" | "secure_locks" | "insecure_locks" | "auth_nlm" | "no_auth_nlm" | "mountpoint"
-            | "mp" | "root_nosquash" => {}
+            | "no_acl" | "acl" | "secure_locks" | "insecure_locks" | "auth_nlm" | "no_auth_nlm" => flag(&mut || {})?,
             _ => return Err(format!("unknown export option {opt:?}")),
         }
     }
@@ -306,6 +327,47 @@ mod tests {
         assert!(parse_exports("/a *(rw\n", "ex").is_err());
         assert!(parse_exports("/a *(rw)\n/a *(ro)\n", "ex").is_err());
         assert_eq!(parse_exports("/a *(sec=krb5)", "ex").unwrap_err().line, 1);
+    }
+
+    #[test]
+    fn squash_options_are_independent_and_flags_take_no_value() {
+        let o = |line: &str| parse_exports(line, "ex").map(|t| t.exports[0].rules[0].options.clone());
+        let both = o("/a *(rw,all_squash,no_root_squash)").unwrap();
+        assert!(both.all_squash && !both.root_squash, "all_squash stays whatever root_squash says");
+        let dash = o("/a -all_squash *(no_root_squash)").unwrap();
+        assert!(dash.all_squash && !dash.root_squash);
+        assert!(!o("/a *(all_squash,no_all_squash)").unwrap().all_squash);
+        for bad in ["/a *(ro,rw=@trusted)", "/a *(no_root_squash=1)", "/a *(insecure=yes)", "/a *(root_nosquash)"] {
+            assert!(o(bad).is_err(), "{bad}");
+        }
+        for bad in ["/a *(anonuid=-1)", "/a *(anongid=4294967295)", "/a *(anonuid=-5)"] {
+            let e = o(bad).unwrap_err();
+            assert!(bad.contains("-5") || e.message.contains("no one's id"), "{bad}: {e}");
+        }
+        assert_eq!(o("/a *(anonuid=4294967294)").unwrap().anonuid, 4294967294);
+    }
+
+    #[test]
+    fn dash_options_apply_to_the_clients_after_them() {
+        let t = parse_exports("/a -rw 10.0.0.1 -no_root_squash 10.0.0.2 10.0.0.3(ro)", "ex").unwrap();
+        let r = &t.exports[0].rules;
+        assert_eq!(r.len(), 3, "a dash group is not a client: {r:?}");
+        assert!(!r[0].options.read_only && r[0].options.root_squash);
+        assert!(!r[1].options.read_only && !r[1].options.root_squash);
+        assert!(r[2].options.read_only && !r[2].options.root_squash);
+        // a space before the parenthesis: the options are everyone's (exportfs does the same)
+        let t = parse_exports("/a 10.0.0.5 (rw)", "ex").unwrap();
+        assert_eq!(t.exports[0].rules[1].spec, ClientSpec::Anyone);
+        assert!(!t.exports[0].rules[1].options.read_only && t.exports[0].rules[0].options.read_only);
+    }
+
+    #[test]
+    fn mountpoint_names_the_directory_that_must_be_mounted() {
+        let m = |line: &str| parse_exports(line, "ex").map(|t| t.exports[0].needs_mount.clone());
+        assert_eq!(m("/srv/a *(rw)").unwrap(), None);
+        assert_eq!(m("/srv/a *(rw,mp)").unwrap(), Some(PathBuf::from("/srv/a")));
+        assert_eq!(m("/srv/a -mountpoint=/srv *(rw)").unwrap(), Some(PathBuf::from("/srv")));
+        assert!(m("/srv/a *(mp=srv)").is_err());
     }
 
     #[test]

@@ -377,3 +377,20 @@ def test_posix_acls_decide_read_write_and_access_for_other_users(tmp_path):
             assert c.access(g).access & (read_bits | modify_bits) == 0
     assert granted.read_bytes() == b"SHARED"
     assert denied.read_bytes() == b"public"
+
+
+def test_mountpoint_option_leaves_out_an_export_whose_file_system_is_not_mounted(tmp_path):
+    """exports(5) `mp`: a directory meant to hold a mounted file system is served only
+    while something is mounted there, so that a disk that failed to mount does not
+    expose, and fill, the directory underneath. The other exports are served."""
+    unmounted = make_export(tmp_path, "disk", mode=0o777)
+    mounted = make_export(tmp_path, "other", mode=0o777)
+    ex = write_exports(tmp_path, [f"{unmounted} 127.0.0.1(rw,insecure,mp)",
+                                  f"{mounted} -mountpoint=/ 127.0.0.1(rw,insecure)"])
+    with Nasd(exports_file=ex) as n, Nfs3Client(n.host, n.port, cred=ROOT) as c:
+        assert c.mnt(str(unmounted)).status != rpc.MNT3_OK
+        m = c.mnt(str(mounted))
+        assert m.status == rpc.MNT3_OK
+        assert c.create(m.fh, "f", how="guarded").ok
+    assert os.listdir(unmounted) == []
+    assert "not exported" in n.log() and str(unmounted) in n.log()
