@@ -110,6 +110,7 @@ impl Server {
         if !creds::init() {
             tracing::warn!("not running as root: every client acts as the server's own user");
         }
+        creds::check_switching().map_err(UsageError)?;
         raise_fd_limit();
         let state_dir = config.state_dir();
         let key = HandleKey::load_or_create(&state_dir)

@@ -1,6 +1,7 @@
 """Access control: client address rules, ro, secure, squashing, AUTH_SYS identity."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -207,6 +208,37 @@ def test_the_invalid_id_minus_one_never_acts_as_the_server(tmp_path, cred):
         assert p.returncode != 0 and "4294967295" in p.stderr, (opt, p.returncode, p.stderr[-500:])
     assert sorted(os.listdir(export)) == ["group-0-only", "user-only"]
     assert (export / "user-only").read_bytes() == b"user-only"
+
+
+@needs_root
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="setpriv (util-linux) missing")
+@pytest.mark.parametrize("dropped", ["setuid", "setgid"])
+def test_a_root_server_that_cannot_take_on_identities_refuses_to_serve(tmp_path, dropped):
+    """Without CAP_SETUID (or CAP_SETGID) the kernel quietly ignores `setfsuid` (or refuses
+    `setgroups`): serving would give every caller root's access to the files."""
+    export = make_export(tmp_path)
+    cmd = ["setpriv", f"--bounding-set=-{dropped}", str(default_binary()), "serve", str(export),
+           "--listen", "127.0.0.1:0", "--state-dir", str(tmp_path / "state")]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"nasd served without CAP_{dropped.upper()}")
+    assert p.returncode != 0 and "cannot act as its callers" in p.stderr, (p.returncode, p.stderr[-500:])
+
+
+@needs_root
+def test_commit_needs_write_permission_or_ownership(tmp_path):
+    """A COMMIT costs the disk a flush: as with knfsd, only a caller who may write the file,
+    or owns it, may ask for one."""
+    export = make_export(tmp_path, mode=0o755)
+    for name, owner, mode in (("theirs", 4242, 0o644), ("mine-read-only", 1000, 0o444), ("shared", 4242, 0o666)):
+        (export / name).write_bytes(b"x")
+        os.chown(export / name, owner, owner)
+        os.chmod(export / name, mode)
+    with Nasd(export) as n, Nfs3Client(n.host, n.port, cred=auth_sys(1000, 1000, gids=[1000])) as c:
+        root = c.root(n.export_dir)
+        got = {name: c.commit(c.lookup(root, name).fh).status for name in ("theirs", "mine-read-only", "shared")}
+    assert got == {"theirs": rpc.NFS3ERR_ACCES, "mine-read-only": 0, "shared": 0}
 
 
 @needs_root

@@ -29,45 +29,74 @@ pub fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
 
-/// Makes the calling thread act as `cred` for filesystem access.
-pub fn become_user(cred: &Cred) {
+/// Makes the calling thread act as `cred` for filesystem access, or as nobody where the
+/// kernel will not take `cred` on. False if the thread could not be made to act as either:
+/// the call must then be refused, for the thread may still act as root.
+#[must_use]
+pub fn become_user(cred: &Cred) -> bool {
     if !enabled() {
-        return;
+        return true;
     }
-    CURRENT.with(|cur| switch_identity(&mut cur.borrow_mut(), cred));
+    CURRENT.with(|cur| switch_identity(&mut cur.borrow_mut(), cred))
+}
+
+/// Whether this process can act as its callers: taking on another identity and reading
+/// it back works on a thread of its own. It cannot where the process runs as root
+/// without `CAP_SETUID`/`CAP_SETGID` (a capability bounding set, a container): serving
+/// then would give every caller root's access.
+pub fn check_switching() -> Result<(), String> {
+    if !enabled() {
+        return Ok(());
+    }
+    std::thread::spawn(|| {
+        let probe = Cred { uid: NOBODY, gid: NOBODY, groups: vec![NOBODY] };
+        if apply_identity(&probe) {
+            Ok(())
+        } else {
+            Err("nasd runs as root but cannot act as its callers (setfsuid, setfsgid or setgroups refused: it needs CAP_SETUID and CAP_SETGID)".to_string())
+        }
+    })
+    .join()
+    .unwrap_or_else(|_| Err("the identity check panicked".into()))
 }
 
 /// Makes this thread act as `cred`; `current`: what it acts as now (`None`: the server's
-/// own identity, root), updated.
-fn switch_identity(current: &mut Option<Cred>, cred: &Cred) {
+/// own identity, root, or unknown), updated. True if it now acts as `cred`, or as nobody
+/// where `cred` could not be taken on.
+fn switch_identity(current: &mut Option<Cred>, cred: &Cred) -> bool {
     if current.as_ref() == Some(cred) {
-        return;
+        return true;
     }
     let was_root = current.as_ref().is_none_or(|c| c.uid == 0);
-    // `setfsuid`/`setfsgid` report no error: given -1 they leave the identity as it was,
-    // and `setgroups` refuses -1, which would leave the groups as they were; either way
-    // the thread could keep acting as root. Squashing maps -1 away; should such an id
-    // get here all the same, the call acts as nobody instead.
+    // Squashing maps -1 away (`setfsuid(-1)` would keep the identity as it was); an id
+    // the kernel refuses (-1, or one a user namespace does not map) makes the call act
+    // as nobody.
     let valid = cred.uid != INVALID_ID && cred.gid != INVALID_ID;
-    let applied = valid && apply_identity(cred);
-    let acting_as = if applied {
+    let acting_as = if valid && apply_identity(cred) {
         cred.clone()
     } else {
         tracing::error!(uid = cred.uid, gid = cred.gid, groups = ?cred.groups, "could not take on a caller's identity: acting as nobody");
         let nobody = Cred { uid: NOBODY, gid: NOBODY, groups: Vec::new() };
-        apply_identity(&nobody);
+        if !apply_identity(&nobody) {
+            tracing::error!("could not act as nobody either: refusing the call");
+            *current = None;
+            return false;
+        }
         nobody
     };
     if was_root != (acting_as.uid == 0) {
         set_resource_override(acting_as.uid == 0);
     }
     *current = Some(acting_as);
+    true
 }
 
 /// The fallback identity, with no privileges and no groups.
 const NOBODY: u32 = 65534;
 
-/// Sets this thread's groups, fsgid and fsuid; false if the groups were refused.
+/// Sets this thread's groups, fsgid and fsuid, then reads the ids back: `setfsuid` and
+/// `setfsgid` report no error (refused, they leave the id as it was). True if all three
+/// took effect.
 fn apply_identity(cred: &Cred) -> bool {
     // SAFETY: plain syscalls on this thread's credentials with valid pointers.
     unsafe {
@@ -78,7 +107,10 @@ fn apply_identity(cred: &Cred) -> bool {
         }
         libc::syscall(libc::SYS_setfsgid, cred.gid);
         libc::syscall(libc::SYS_setfsuid, cred.uid);
-        groups
+        // Asked for -1 they change nothing and return the id in force.
+        let fsgid = libc::syscall(libc::SYS_setfsgid, INVALID_ID) as u32;
+        let fsuid = libc::syscall(libc::SYS_setfsuid, INVALID_ID) as u32;
+        groups && fsgid == cred.gid && fsuid == cred.uid
     }
 }
 
@@ -87,7 +119,8 @@ pub fn become_root() {
     thread_local! {
         static ROOT: Cred = Cred::root();
     }
-    ROOT.with(become_user);
+    // Root's own identity: nothing to refuse, and nothing less privileged to fall to.
+    let _ = ROOT.with(become_user);
 }
 
 /// `CAP_SYS_RESOURCE`: exceeding disk quota hard limits and using the blocks ext4 keeps
@@ -168,13 +201,13 @@ mod tests {
                 Cred { uid: 1000, gid: INVALID_ID, groups: vec![] },
                 Cred { uid: 1000, gid: 1000, groups: vec![INVALID_ID] },
             ] {
-                switch_identity(&mut current, &Cred::root());
+                assert!(switch_identity(&mut current, &Cred::root()));
                 assert_eq!(fs_ids(), (0, 0));
-                switch_identity(&mut current, &bad);
+                assert!(switch_identity(&mut current, &bad));
                 assert_eq!(fs_ids(), (NOBODY, NOBODY), "{bad:?}");
                 assert_eq!(effective_caps() & 0b10, 0, "no DAC override left: {bad:?}");
             }
-            switch_identity(&mut current, &Cred { uid: 1000, gid: 1001, groups: vec![7] });
+            assert!(switch_identity(&mut current, &Cred { uid: 1000, gid: 1001, groups: vec![7] }));
             assert_eq!(fs_ids(), (1000, 1001));
         })
         .join()
@@ -196,12 +229,12 @@ mod tests {
                 // Containers often withhold it: then only its absence for users is checked.
                 eprintln!("CAP_SYS_RESOURCE not held by this process: checking only that users lack it");
             }
-            switch_identity(&mut current, &Cred { uid: 1000, gid: 1000, groups: vec![1000] });
+            assert!(switch_identity(&mut current, &Cred { uid: 1000, gid: 1000, groups: vec![1000] }));
             assert_eq!(effective_caps() & bit, 0, "a user's calls must meet quotas and reserved blocks");
             assert_eq!(effective_caps() & 0b10, 0, "and no DAC override either");
-            switch_identity(&mut current, &Cred { uid: 1001, gid: 1001, groups: vec![] });
+            assert!(switch_identity(&mut current, &Cred { uid: 1001, gid: 1001, groups: vec![] }));
             assert_eq!(effective_caps() & bit, 0);
-            switch_identity(&mut current, &Cred::root());
+            assert!(switch_identity(&mut current, &Cred::root()));
             assert_eq!(effective_caps() & bit, held, "back to root, back to the override");
             assert_ne!(effective_caps() & 0b10, 0, "and the file-system capabilities");
         })

@@ -289,6 +289,12 @@ impl LocalFs {
                 cfg.path.display()
             )
         })?;
+        if creds::enabled() && matches!(sys::may_access(root_fd.as_raw_fd(), libc::R_OK as u32), Ok(None)) {
+            tracing::warn!(
+                export = %cfg.path.display(),
+                "this kernel has no faccessat2 (Linux 5.8): permissions of callers other than a file's owner follow its mode bits alone, so POSIX ACL entries that grant or deny more than the mode's group bits are not applied"
+            );
+        }
         let verifier = AtomicU64::new(rand::random());
         let max_file_size = sys::max_file_size(root_fd.as_raw_fd());
         let fs_sync = match sys::metadata_log(root_fd.as_raw_fd(), st.st_dev) {
@@ -338,7 +344,11 @@ impl LocalFs {
     fn as_root<T>(&self, cred: &Cred, f: impl FnOnce() -> T) -> T {
         creds::become_root();
         let r = f();
-        creds::become_user(cred);
+        // Taken on (or fallen back to nobody) moments ago in `resolve` on this thread: the
+        // same switch cannot be refused now.
+        if !creds::become_user(cred) {
+            tracing::error!(uid = cred.uid, "could not go back to a caller's identity");
+        }
         r
     }
 
@@ -402,7 +412,9 @@ impl LocalFs {
 
     /// Switches to `cred`, then finds the object and its current attributes.
     fn resolve(&self, cred: &Cred, id: &ObjectId) -> VfsResult<(Arc<CachedObject>, Attr)> {
-        creds::become_user(cred);
+        if !creds::become_user(cred) {
+            return Err(VfsError::Access);
+        }
         let obj = self.object(cred, id)?;
         match self.stat(&obj) {
             Err(VfsError::Stale) => {
@@ -868,8 +880,15 @@ impl Vfs for LocalFs {
 
     fn commit(&self, cred: &Cred, id: &ObjectId, _offset: u64, _count: u64) -> VfsResult<Wcc> {
         let (obj, before) = self.resolve(cred, id)?;
-        if self.sync && before.kind == FileKind::Regular {
-            self.make_durable(cred, &obj, &before, SyncKind::Full)?;
+        if before.kind == FileKind::Regular {
+            // As knfsd: only a caller who may write the file (or owns it) may have it
+            // synced, which costs the disk a flush.
+            if !may_io(cred, &obj, &before, W)? {
+                return Err(VfsError::Access);
+            }
+            if self.sync {
+                self.make_durable(cred, &obj, &before, SyncKind::Full)?;
+            }
         }
         Ok(Wcc { before: Some(PreOpAttr::from(&before)), after: self.stat(&obj).ok() })
     }
@@ -1248,9 +1267,11 @@ impl LocalFs {
         let (Some(helpers), Some(fs)) = (listing_helpers(), self.me.upgrade()) else { return };
         let (cred, fd, batch) = (cred.clone(), fd.clone(), batch.clone());
         helpers.spawn(move || {
-            // The helper must see the directory as the caller would.
-            creds::become_user(&cred);
-            batch.work(|c| fs.entry_plus(&fd, c));
+            // The helper must see the directory as the caller would; if it cannot, the
+            // serving thread does the whole batch.
+            if creds::become_user(&cred) {
+                batch.work(|c| fs.entry_plus(&fd, c));
+            }
         });
     }
 }
