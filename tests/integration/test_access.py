@@ -242,6 +242,20 @@ def test_commit_needs_write_permission_or_ownership(tmp_path):
 
 
 @needs_root
+def test_ownership_in_a_create_by_anyone_but_root_is_ignored(tmp_path):
+    """As knfsd: a CREATE or MKDIR by a user that also names an owner makes the object,
+    owned by the caller, instead of failing after the object was made."""
+    export = make_export(tmp_path, mode=0o777)
+    with Nasd(export) as n, Nfs3Client(n.host, n.port, cred=auth_sys(1000, 1000, gids=[1000])) as c:
+        root = c.root(n.export_dir)
+        r = c.nfs(rpc.NFSPROC3_CREATE, rpc.nfs3_args.create(root, "f", "guarded", 0o640, uid=4242, gid=4242))
+        assert r.ok, r.status
+        assert c.lookup(root, "f").ok
+    st = os.stat(export / "f")
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (1000, 1000, 0o640)
+
+
+@needs_root
 def test_supplementary_groups_grant_access_and_17_are_rejected(tmp_path):
     export = make_export(tmp_path)
     (export / "grp").write_bytes(b"g")

@@ -698,12 +698,11 @@ impl LocalFs {
         };
         if let Some(attrs) = attrs {
             // Mode was given at creation; ownership and times may still need setting.
-            let rest = SetAttrs {
-                mode: None,
-                uid: attrs.uid.filter(|&u| u != attr.uid),
-                gid: attrs.gid.filter(|&g| g != attr.gid),
-                ..attrs.clone()
-            };
+            // Ownership asked for by anyone but root is ignored, as knfsd does: the
+            // object is already made, and a chown the kernel refuses would fail a
+            // create that happened.
+            let owner = |id: Option<u32>, now: u32| id.filter(|&i| i != now && cred.uid == 0);
+            let rest = SetAttrs { mode: None, uid: owner(attrs.uid, attr.uid), gid: owner(attrs.gid, attr.gid), ..attrs.clone() };
             if rest != SetAttrs::default() {
                 self.apply_attrs(&fd, attr.kind, &rest)?;
                 attr = sys::attr_from_stat(&sys::fstat(fd.as_raw_fd())?, self.fsid);
