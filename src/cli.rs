@@ -233,10 +233,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 fn read_exports_file(file: &std::path::Path) -> anyhow::Result<ExportTable> {
     let text = std::fs::read_to_string(file).map_err(|e| usage(format!("{}: {e}", file.display())))?;
     let mut table = parse_exports(&text, &file.display().to_string()).map_err(|e| usage(e.to_string()))?;
-    for e in &mut table.exports {
-        e.path = e.path.canonicalize().map_err(|err| usage(format!("{}: export {}: {err}", file.display(), e.path.display())))?;
-    }
-    // exportfs leaves such an export out and serves the others.
+    // exportfs leaves such an export out and serves the others. Before the paths are
+    // resolved: an export below an unmounted mount point may not exist at all.
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     table.exports.retain(|e| {
         let Some(want) = &e.needs_mount else { return true };
@@ -246,6 +244,9 @@ fn read_exports_file(file: &std::path::Path) -> anyhow::Result<ExportTable> {
         }
         mounted
     });
+    for e in &mut table.exports {
+        e.path = e.path.canonicalize().map_err(|err| usage(format!("{}: export {}: {err}", file.display(), e.path.display())))?;
+    }
     Ok(table)
 }
 
@@ -314,9 +315,10 @@ mod tests {
     fn mount_points_from_mountinfo() {
         let info = "22 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw\n\
                     30 22 8:2 / /srv/my\\040data rw - ext4 /dev/sdb1 rw\n\
-                    31 22 0:5 / /srv/plain rw - tmpfs tmpfs rw\n";
+                    31 22 0:5 / /srv/plain rw - tmpfs tmpfs rw\n\
+                    32 22 0:6 / /srv/a\\011tab\\134back rw - tmpfs tmpfs rw\n";
         let is = |p: &str| is_mount_point(info, std::path::Path::new(p));
-        assert!(is("/") && is("/srv/my data") && is("/srv/plain"));
+        assert!(is("/") && is("/srv/my data") && is("/srv/plain") && is("/srv/a\ttab\\back"));
         assert!(!is("/srv") && !is("/srv/plain/sub") && !is("/srv/my\\040data"));
     }
 }

@@ -265,7 +265,9 @@ impl ExportReloader {
         // The thread may still act as the last client it served; exports open as the server.
         creds::become_root();
         if table.exports.is_empty() {
-            return Err(UsageError("nothing to export".into()).into());
+            // As `exportfs -r` with nothing left to export (every export's `mountpoint`
+            // may be unmounted): every client is refused until there is something again.
+            tracing::warn!("no exports any more: every client is refused");
         }
         let current = self.state.exports();
         let mut summary = ReloadSummary::default();

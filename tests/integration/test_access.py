@@ -253,6 +253,12 @@ def test_ownership_in_a_create_by_anyone_but_root_is_ignored(tmp_path):
         assert c.lookup(root, "f").ok
     st = os.stat(export / "f")
     assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (1000, 1000, 0o640)
+    # root (not squashed) still gets the owner it asks for
+    with Nasd(export, args=["--no-root-squash"]) as n, Nfs3Client(n.host, n.port, cred=ROOT) as c:
+        r = c.nfs(rpc.NFSPROC3_CREATE, rpc.nfs3_args.create(c.root(n.export_dir), "g", "guarded", 0o640, uid=4242, gid=4343))
+        assert r.ok, r.status
+    st = os.stat(export / "g")
+    assert (st.st_uid, st.st_gid) == (4242, 4343)
 
 
 @needs_root
@@ -433,8 +439,14 @@ def test_mountpoint_option_leaves_out_an_export_whose_file_system_is_not_mounted
     mounted = make_export(tmp_path, "other", mode=0o777)
     ex = write_exports(tmp_path, [f"{unmounted} 127.0.0.1(rw,insecure,mp)",
                                   f"{mounted} -mountpoint=/ 127.0.0.1(rw,insecure)"])
+    # the usual form: a share below the mount point, which does not exist while unmounted
+    below = unmounted / "share"
+    ex = write_exports(tmp_path, [f"{unmounted} 127.0.0.1(rw,insecure,mp)",
+                                  f"{below} 127.0.0.1(rw,insecure,mountpoint={unmounted})",
+                                  f"{mounted} -mountpoint=/ 127.0.0.1(rw,insecure)"])
     with Nasd(exports_file=ex) as n, Nfs3Client(n.host, n.port, cred=ROOT) as c:
         assert c.mnt(str(unmounted)).status != rpc.MNT3_OK
+        assert c.mnt(str(below)).status != rpc.MNT3_OK
         m = c.mnt(str(mounted))
         assert m.status == rpc.MNT3_OK
         assert c.create(m.fh, "f", how="guarded").ok

@@ -4,9 +4,12 @@ working, and a broken file changes nothing."""
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `import rig`
 
@@ -93,3 +96,26 @@ def test_a_reload_reads_the_exports_as_the_server_whoever_was_served_last(tmp_pa
         start = _reload(n, tmp_path, [f"{a} 127.0.0.1(ro,all_squash,insecure)"])
         assert "exports reloaded" in n.log()[start:], n.log()[start:]
         assert c.create(root, "x").status == rpc.NFS3ERR_ROFS
+
+
+def test_an_export_whose_file_system_is_unmounted_goes_at_the_next_reload(tmp_path):
+    """`mp`: after its file system is unmounted, a reload stops serving the export, even
+    when it was the only one, so nothing lands in the directory underneath."""
+    disk = make_export(tmp_path, "disk")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "nasd-test", str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        ex = write_exports(tmp_path, [f"{disk} 127.0.0.1(rw,no_root_squash,insecure,mp)"])
+        with Nasd(exports_file=ex) as n, Nfs3Client(n.host, n.port, cred=ROOT) as c:
+            root = c.root(str(disk))
+            assert c.create(root, "on-the-disk").ok
+            subprocess.run(["umount", "-l", str(disk)], check=True)
+            start = _reload(n, tmp_path, [f"{disk} 127.0.0.1(rw,no_root_squash,insecure,mp)"])
+            assert "exports reloaded" in n.log()[start:], n.log()[start:]
+            assert c.mnt(str(disk)).status != rpc.MNT3_OK
+            assert not c.create(root, "under-the-mount").ok
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+    assert os.listdir(disk) == [], "written into the directory under the mount point"

@@ -9,7 +9,7 @@
 use crate::exports::INVALID_ID;
 use crate::vfs::Cred;
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
@@ -67,7 +67,6 @@ fn switch_identity(current: &mut Option<Cred>, cred: &Cred) -> bool {
     if current.as_ref() == Some(cred) {
         return true;
     }
-    let was_root = current.as_ref().is_none_or(|c| c.uid == 0);
     // Squashing maps -1 away (`setfsuid(-1)` would keep the identity as it was); an id
     // the kernel refuses (-1, or one a user namespace does not map) makes the call act
     // as nobody.
@@ -75,20 +74,44 @@ fn switch_identity(current: &mut Option<Cred>, cred: &Cred) -> bool {
     let acting_as = if valid && apply_identity(cred) {
         cred.clone()
     } else {
-        tracing::error!(uid = cred.uid, gid = cred.gid, groups = ?cred.groups, "could not take on a caller's identity: acting as nobody");
+        if refusals_to_log() {
+            tracing::error!(uid = cred.uid, gid = cred.gid, groups = ?cred.groups, "could not take on a caller's identity: acting as nobody");
+        }
         let nobody = Cred { uid: NOBODY, gid: NOBODY, groups: Vec::new() };
         if !apply_identity(&nobody) {
             tracing::error!("could not act as nobody either: refusing the call");
+            // Whatever the thread acts as now, it keeps no resource override, and the
+            // next switch starts from scratch.
+            resource_override(false);
             *current = None;
             return false;
         }
         nobody
     };
-    if was_root != (acting_as.uid == 0) {
-        set_resource_override(acting_as.uid == 0);
-    }
+    resource_override(acting_as.uid == 0);
     *current = Some(acting_as);
     true
+}
+
+thread_local! {
+    /// Whether this thread's `CAP_SYS_RESOURCE` is raised, as last set (threads start as
+    /// the process does: raised, where it is held at all).
+    static RESOURCE_OVERRIDE: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
+}
+
+/// Raises or drops `CAP_SYS_RESOURCE` on this thread unless it already is so.
+fn resource_override(on: bool) {
+    if RESOURCE_OVERRIDE.with(|r| r.replace(on)) != on {
+        set_resource_override(on);
+    }
+}
+
+/// At most one log line a minute for ids the kernel refuses: any client can send them.
+fn refusals_to_log() -> bool {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let next = NEXT.load(Ordering::Relaxed);
+    now >= next && NEXT.compare_exchange(next, now + 60, Ordering::Relaxed, Ordering::Relaxed).is_ok()
 }
 
 /// The fallback identity, with no privileges and no groups.

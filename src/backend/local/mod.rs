@@ -341,13 +341,12 @@ impl LocalFs {
     }
 
     /// Runs `f` with full privileges, then returns to the caller's identity.
-    fn as_root<T>(&self, cred: &Cred, f: impl FnOnce() -> T) -> T {
+    /// Fails the call if the thread cannot go back (it might still act as root).
+    fn as_root<T>(&self, cred: &Cred, f: impl FnOnce() -> VfsResult<T>) -> VfsResult<T> {
         creds::become_root();
         let r = f();
-        // Taken on (or fallen back to nobody) moments ago in `resolve` on this thread: the
-        // same switch cannot be refused now.
         if !creds::become_user(cred) {
-            tracing::error!(uid = cred.uid, "could not go back to a caller's identity");
+            return Err(VfsError::Access);
         }
         r
     }
