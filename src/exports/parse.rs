@@ -133,12 +133,15 @@ fn parse_line(line: &str) -> Result<Export, String> {
     let mut defaults = ExportOptions::default();
     let mut export_opts = PerExport::default();
     let mut rules = Vec::new();
+    let mut unused_defaults = false;
     for tok in it {
         // `-opts`: defaults for the clients after it on the line.
         if let Some(d) = tok.strip_prefix('-') {
             apply_options(&mut defaults, d, &mut export_opts)?;
+            unused_defaults = true;
             continue;
         }
+        unused_defaults = false;
         let (client, opts) = match tok.find('(') {
             Some(p) => {
                 let inner = tok[p + 1..].strip_suffix(')').ok_or_else(|| format!("bad client entry {tok:?}"))?;
@@ -156,6 +159,9 @@ fn parse_line(line: &str) -> Result<Export, String> {
             apply_options(&mut options, o, &mut export_opts)?;
         }
         rules.push(ClientRule { spec: parse_client(client)?, options });
+    }
+    if unused_defaults && !rules.is_empty() {
+        tracing::warn!(export = %path, "options after the last client apply to no one: put them before the clients they are for");
     }
     if rules.is_empty() {
         // exportfs: an export with no client list is open to everyone.
