@@ -211,13 +211,19 @@ mod tests {
         (fs("Uid:"), fs("Gid:"))
     }
 
-    #[test]
-    fn an_identity_that_cannot_be_taken_on_acts_as_nobody() {
+    /// Runs `f` on a thread of its own, which ends with the identities it took (they are
+    /// per thread), where this process is root; elsewhere says why the test is skipped.
+    fn on_own_thread_as_root(needs: &str, f: impl FnOnce() + Send + 'static) {
         if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: needs root (identities to switch)");
+            eprintln!("skipped: needs root ({needs})");
             return;
         }
-        std::thread::spawn(|| {
+        std::thread::spawn(f).join().expect("thread");
+    }
+
+    #[test]
+    fn an_identity_that_cannot_be_taken_on_acts_as_nobody() {
+        on_own_thread_as_root("identities to switch", || {
             let mut current = None;
             for bad in [
                 Cred { uid: INVALID_ID, gid: 1000, groups: vec![] },
@@ -232,19 +238,12 @@ mod tests {
             }
             assert!(switch_identity(&mut current, &Cred { uid: 1000, gid: 1001, groups: vec![7] }));
             assert_eq!(fs_ids(), (1000, 1001));
-        })
-        .join()
-        .expect("thread");
+        });
     }
 
     #[test]
     fn callers_other_than_root_lose_the_resource_override() {
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: needs root (capabilities to drop)");
-            return;
-        }
-        // A thread of its own, which ends with the identities it took: they are per thread.
-        std::thread::spawn(|| {
+        on_own_thread_as_root("capabilities to drop", || {
             let mut current = None;
             let bit = 1u64 << CAP_SYS_RESOURCE;
             let held = effective_caps() & bit;
@@ -260,8 +259,6 @@ mod tests {
             assert!(switch_identity(&mut current, &Cred::root()));
             assert_eq!(effective_caps() & bit, held, "back to root, back to the override");
             assert_ne!(effective_caps() & 0b10, 0, "and the file-system capabilities");
-        })
-        .join()
-        .expect("thread");
+        });
     }
 }
