@@ -234,35 +234,33 @@ fn apply_options(o: &mut ExportOptions, list: &str, export: &mut PerExport) -> R
         };
         // An anonymous id of -1 would leave calls with the server's own identity.
         let anon_id = |v: Option<&str>| -> Result<u32, String> {
-            match v.map(str::trim) {
-                Some("-1") => Err(format!("{key}=-1: 4294967295 (-1) is no one's id")),
-                _ => num(v).and_then(|n| if n == INVALID_ID { Err(format!("{key}={n}: 4294967295 (-1) is no one's id")) } else { Ok(n) }),
+            let no_one = || format!("{key}={}: 4294967295 (-1) is no one's id", v.unwrap_or_default());
+            if v.map(str::trim) == Some("-1") {
+                return Err(no_one());
+            }
+            match num(v)? {
+                INVALID_ID => Err(no_one()),
+                id => Ok(id),
             }
         };
-        // Options that take no value, as in nfs-utils: `rw=host` (another system's syntax
-        // for a host list) must not quietly mean `rw` for everyone.
-        let flag = |set: &mut dyn FnMut()| -> Result<(), String> {
-            match value {
-                None => {
-                    set();
-                    Ok(())
-                }
-                Some(_) => Err(format!("export option {opt:?}: {key} takes no value")),
-            }
-        };
+        // Only these take a value, as in nfs-utils: `rw=host` (another system's syntax for
+        // a host list) must not quietly mean `rw` for everyone.
+        if value.is_some() && !matches!(key, "anonuid" | "anongid" | "fsid" | "sec" | "mountpoint" | "mp") {
+            return Err(format!("export option {opt:?}: {key} takes no value"));
+        }
         match key {
-            "rw" => flag(&mut || o.read_only = false)?,
-            "ro" => flag(&mut || o.read_only = true)?,
-            "sync" => flag(&mut || o.sync = true)?,
-            "async" => flag(&mut || o.sync = false)?,
-            "root_squash" => flag(&mut || o.root_squash = true)?,
-            "no_root_squash" => flag(&mut || o.root_squash = false)?,
-            "all_squash" => flag(&mut || o.all_squash = true)?,
-            "no_all_squash" => flag(&mut || o.all_squash = false)?,
+            "rw" => o.read_only = false,
+            "ro" => o.read_only = true,
+            "sync" => o.sync = true,
+            "async" => o.sync = false,
+            "root_squash" => o.root_squash = true,
+            "no_root_squash" => o.root_squash = false,
+            "all_squash" => o.all_squash = true,
+            "no_all_squash" => o.all_squash = false,
             "anonuid" => o.anonuid = anon_id(value)?,
             "anongid" => o.anongid = anon_id(value)?,
-            "secure" => flag(&mut || o.secure = true)?,
-            "insecure" => flag(&mut || o.secure = false)?,
+            "secure" => o.secure = true,
+            "insecure" => o.secure = false,
             "fsid" => match value {
                 Some("root") | Some("0") => export.fsid = Some(0),
                 _ => export.fsid = Some(num(value)?),
@@ -278,7 +276,7 @@ fn apply_options(o: &mut ExportOptions, list: &str, export: &mut PerExport) -> R
             }
             // Accepted for compatibility; they do not change behaviour here.
             "subtree_check" | "no_subtree_check" | "wdelay" | "no_wdelay" | "hide" | "nohide" | "crossmnt"
-            | "no_acl" | "acl" | "secure_locks" | "insecure_locks" | "auth_nlm" | "no_auth_nlm" => flag(&mut || {})?,
+            | "no_acl" | "acl" | "secure_locks" | "insecure_locks" | "auth_nlm" | "no_auth_nlm" => {}
             _ => return Err(format!("unknown export option {opt:?}")),
         }
     }
