@@ -244,9 +244,18 @@ fn read_exports_file(file: &std::path::Path) -> anyhow::Result<ExportTable> {
         }
         mounted
     });
-    for e in &mut table.exports {
-        e.path = e.path.canonicalize().map_err(|err| usage(format!("{}: export {}: {err}", file.display(), e.path.display())))?;
-    }
+    // As exportfs: an export whose directory is missing is left out, the others are served
+    // (a reload that refused the whole file would keep serving the old rules).
+    table.exports.retain_mut(|e| match e.path.canonicalize() {
+        Ok(path) => {
+            e.path = path;
+            true
+        }
+        Err(err) => {
+            tracing::error!(file = %file.display(), export = %e.path.display(), error = %err, "not exported");
+            false
+        }
+    });
     Ok(table)
 }
 

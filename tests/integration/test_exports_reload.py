@@ -119,3 +119,19 @@ def test_an_export_whose_file_system_is_unmounted_goes_at_the_next_reload(tmp_pa
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
     assert os.listdir(disk) == [], "written into the directory under the mount point"
+
+
+def test_an_export_whose_directory_is_missing_is_left_out_and_the_rest_reloaded(tmp_path):
+    """As exportfs: a missing export directory costs that export only; refusing the whole
+    file would keep serving the old rules of the others."""
+    a = make_export(tmp_path, "a")
+    gone = tmp_path / "gone"
+    ex = write_exports(tmp_path, [f"{a} 127.0.0.1(ro,no_root_squash,insecure)", f"{gone} *(rw)"])
+    with Nasd(exports_file=ex) as n, Nfs3Client(n.host, n.port, cred=ROOT) as c:
+        root = c.root(str(a))
+        assert c.create(root, "f").status == rpc.NFS3ERR_ROFS
+        start = _reload(n, tmp_path, [f"{a} 127.0.0.1(rw,no_root_squash,insecure)", f"{gone} *(rw)"])
+        assert "exports reloaded" in n.log()[start:]
+        assert "not exported" in n.log()[start:] and str(gone) in n.log()[start:]
+        assert c.create(root, "f").ok, "the change to the export that exists was applied"
+        assert c.mnt(str(gone)).status != rpc.MNT3_OK
