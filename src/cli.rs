@@ -76,10 +76,10 @@ struct ServeArgs {
     #[arg(long, conflicts_with = "exports")]
     all_squash: bool,
     /// DIR mode: uid for squashed users.
-    #[arg(long, default_value_t = 65534, value_parser = anon_id, conflicts_with = "exports")]
+    #[arg(long, default_value_t = 65534, value_parser = crate::exports::parse_anon_id, conflicts_with = "exports")]
     anonuid: u32,
     /// DIR mode: gid for squashed users.
-    #[arg(long, default_value_t = 65534, value_parser = anon_id, conflicts_with = "exports")]
+    #[arg(long, default_value_t = 65534, value_parser = crate::exports::parse_anon_id, conflicts_with = "exports")]
     anongid: u32,
     /// DIR mode: accept requests only from privileged source ports (below 1024).
     #[arg(long, conflicts_with = "exports")]
@@ -233,27 +233,27 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 fn read_exports_file(file: &std::path::Path) -> anyhow::Result<ExportTable> {
     let text = std::fs::read_to_string(file).map_err(|e| usage(format!("{}: {e}", file.display())))?;
     let mut table = parse_exports(&text, &file.display().to_string()).map_err(|e| usage(e.to_string()))?;
-    // exportfs leaves such an export out and serves the others. Before the paths are
-    // resolved: an export below an unmounted mount point may not exist at all.
+    // As exportfs: an export whose `mountpoint` is not mounted, or whose directory is
+    // missing, is left out and the others are served (a reload that refused the whole file
+    // would keep serving the old rules).
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    table.exports.retain(|e| {
-        let Some(want) = &e.needs_mount else { return true };
-        let mounted = want.canonicalize().is_ok_and(|p| is_mount_point(&mounts, &p));
-        if !mounted {
-            tracing::error!(export = %e.path.display(), mount_point = %want.display(), "not exported: its mountpoint option names a directory that is not a mount point now");
-        }
-        mounted
-    });
-    // As exportfs: an export whose directory is missing is left out, the others are served
-    // (a reload that refused the whole file would keep serving the old rules).
-    table.exports.retain_mut(|e| match e.path.canonicalize() {
-        Ok(path) => {
-            e.path = path;
-            true
-        }
-        Err(err) => {
-            tracing::error!(file = %file.display(), export = %e.path.display(), error = %err, "not exported");
-            false
+    table.exports.retain_mut(|e| {
+        let resolved = match &e.needs_mount {
+            // Checked first: below an unmounted mount point the path may not exist at all.
+            Some(m) if !m.canonicalize().is_ok_and(|p| is_mount_point(&mounts, &p)) => {
+                Err(format!("its mountpoint {} is not mounted", m.display()))
+            }
+            _ => e.path.canonicalize().map_err(|err| err.to_string()),
+        };
+        match resolved {
+            Ok(path) => {
+                e.path = path;
+                true
+            }
+            Err(why) => {
+                tracing::error!(file = %file.display(), export = %e.path.display(), "not exported: {why}");
+                false
+            }
         }
     });
     Ok(table)
@@ -304,16 +304,6 @@ fn init_logging(filter: &str) {
     use tracing_subscriber::EnvFilter;
     let filter = std::env::var("RUST_LOG").ok().map(EnvFilter::new).unwrap_or_else(|| EnvFilter::new(filter));
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
-}
-
-/// An anonymous uid or gid: 4294967295 ((uid_t)-1) names no one, and calls squashed to
-/// it would keep the server's own identity.
-fn anon_id(s: &str) -> Result<u32, String> {
-    match s.parse::<u32>() {
-        Ok(crate::exports::INVALID_ID) => Err("4294967295 (-1) is no one's id".into()),
-        Ok(id) => Ok(id),
-        Err(e) => Err(format!("{s}: {e}")),
-    }
 }
 
 #[cfg(test)]

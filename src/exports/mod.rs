@@ -4,7 +4,7 @@
 mod parse;
 mod squash;
 
-pub use parse::{parse_exports, ExportsError};
+pub use parse::{parse_anon_id, parse_exports, ExportsError};
 pub use squash::{squash, INVALID_ID};
 
 use parking_lot::Mutex;

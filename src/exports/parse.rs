@@ -172,6 +172,17 @@ fn parse_line(line: &str) -> Result<Export, String> {
     Ok(Export { id: export_opts.fsid.unwrap_or_else(|| export_id_for_path(&path)), path, rules, needs_mount })
 }
 
+/// An anonymous uid or gid (`anonuid=`, `--anonuid`): 4294967295, or -1, names no one,
+/// and calls squashed to it would keep the server's own identity.
+pub fn parse_anon_id(s: &str) -> Result<u32, String> {
+    match s.trim().parse::<u32>() {
+        Ok(INVALID_ID) => Err(format!("{s}: 4294967295 (-1) is no one's id")),
+        Ok(id) => Ok(id),
+        Err(_) if s.trim() == "-1" => Err(format!("{s}: 4294967295 (-1) is no one's id")),
+        Err(_) => Err(format!("{s}: not a number from 0 to 4294967294")),
+    }
+}
+
 /// Options that belong to the export rather than to one client.
 #[derive(Default)]
 struct PerExport {
@@ -232,16 +243,8 @@ fn apply_options(o: &mut ExportOptions, list: &str, export: &mut PerExport) -> R
             let v = v.ok_or_else(|| format!("{key} needs a value"))?;
             v.parse::<u32>().map_err(|_| format!("{key}={v}: not a number from 0 to 4294967295"))
         };
-        // An anonymous id of -1 would leave calls with the server's own identity.
         let anon_id = |v: Option<&str>| -> Result<u32, String> {
-            let no_one = || format!("{key}={}: 4294967295 (-1) is no one's id", v.unwrap_or_default());
-            if v.map(str::trim) == Some("-1") {
-                return Err(no_one());
-            }
-            match num(v)? {
-                INVALID_ID => Err(no_one()),
-                id => Ok(id),
-            }
+            parse_anon_id(v.ok_or_else(|| format!("{key} needs a value"))?).map_err(|e| format!("{key}={e}"))
         };
         // Only these take a value, as in nfs-utils: `rw=host` (another system's syntax for
         // a host list) must not quietly mean `rw` for everyone.
