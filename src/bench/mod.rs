@@ -849,7 +849,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.repeat > 1 {
         notes.push(format!("each fio and metadata job ran {} times per target (targets interleaved; the metadata jobs as a whole run of steps, each repetition in a directory of its own, since each step works on the files an earlier one made); tables show the median run, the section Repetitions lists every figure. iozone jobs ran once.", args.repeat));
     }
-    let meta_step = |frees: bool| jobs.iter().any(|j| matches!(j.kind, JobKind::Meta { op, .. } if op.frees_inodes() == frees));
+    let meta_step = |frees: bool| jobs.iter().any(|j| j.is_meta() && j.frees_inodes() == frees);
     if meta_step(true) && meta_step(false) {
         notes.push("the metadata steps that remove files (remove, rm -rf) ran after all the others, those of every repetition: ext4 without a journal passes over each inode freed in the last minute whenever it allocates one, so creates made soon after thousands of removals are slower, whichever server makes them (removals by other programs shortly before the run count too).".into());
     }

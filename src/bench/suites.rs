@@ -152,6 +152,11 @@ impl Job {
     pub fn is_meta(&self) -> bool {
         matches!(self.kind, JobKind::Meta { .. })
     }
+
+    /// A metadata step that frees inodes ([`MetaOp::frees_inodes`]).
+    pub fn frees_inodes(&self) -> bool {
+        matches!(self.kind, JobKind::Meta { op, .. } if op.frees_inodes())
+    }
 }
 
 /// The order in which a run of consecutive jobs, each repeated `reps` times, runs:
@@ -162,11 +167,10 @@ impl Job {
 /// server makes it (docs/performance.md). A freeing step still follows the steps of its own
 /// repetition whose files it removes.
 pub fn run_order(jobs: &[Job], reps: u32) -> Vec<(u32, usize)> {
-    let frees = |j: &Job| matches!(j.kind, JobKind::Meta { op, .. } if op.frees_inodes());
     let mut order = Vec::new();
     for freeing in [false, true] {
         for rep in 0..reps {
-            order.extend(jobs.iter().enumerate().filter(|(_, j)| frees(j) == freeing).map(|(i, _)| (rep, i)));
+            order.extend(jobs.iter().enumerate().filter(|(_, j)| j.frees_inodes() == freeing).map(|(i, _)| (rep, i)));
         }
     }
     order

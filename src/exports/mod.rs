@@ -5,7 +5,7 @@ mod parse;
 mod squash;
 
 pub use parse::{parse_anon_id, parse_exports, ExportsError};
-pub use squash::{squash, INVALID_ID};
+pub use squash::squash;
 
 use parking_lot::Mutex;
 use std::collections::HashMap;

@@ -8,8 +8,8 @@
 //! Lines may continue with a trailing backslash. Options after a `-` are the defaults for
 //! the clients after them on that line.
 
-use super::squash::INVALID_ID;
 use super::{export_id_for_path, ClientRule, ClientSpec, Export, ExportOptions, ExportTable};
+use crate::vfs::INVALID_ID;
 use std::net::{IpAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use thiserror::Error;

@@ -2,11 +2,8 @@
 
 use super::ExportOptions;
 use crate::rpc::Credential;
-use crate::vfs::Cred;
+use crate::vfs::{Cred, INVALID_ID};
 
-/// `(uid_t)-1`: no one's id. The kernel's `setfsuid`/`setfsgid` ignore it and
-/// `setgroups` refuses it, so a call run with it would keep the server's own identity.
-pub const INVALID_ID: u32 = u32::MAX;
 
 /// The identity a call runs as. AUTH_NONE is always anonymous; `all_squash` maps
 /// everyone; `root_squash` maps uid 0 and gid 0 (also among the supplementary groups) to

@@ -45,6 +45,10 @@ impl std::fmt::Debug for ObjectId {
     }
 }
 
+/// `(uid_t)-1`: no one's uid or gid. The kernel's `setfsuid`/`setfsgid` ignore it and
+/// `setgroups` refuses it, so a call run with it would keep the server's own identity.
+pub const INVALID_ID: u32 = u32::MAX;
+
 /// The identity an operation runs as, after export squashing.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Cred {

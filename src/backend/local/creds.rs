@@ -6,8 +6,7 @@
 //! calling thread (glibc's `setgroups` wrapper would change every thread), and the last
 //! identity is remembered so a run of calls by one user costs no syscalls.
 
-use crate::exports::INVALID_ID;
-use crate::vfs::Cred;
+use crate::vfs::{Cred, INVALID_ID};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
