@@ -503,6 +503,30 @@ def test_mknod_devices_only_for_unsquashed_root(srv, c, work):
 
 
 @needs_root
+def test_setattr_giving_a_file_away_drops_its_set_id_bits(srv, c, work):
+    """A SETATTR that changes the owner and sets a mode in one call must not hand the new
+    owner a setuid file: chown clears the bits, and the mode sent with it may not restore
+    them (knfsd strips them too). setgid without group execute is not set-group-id and
+    stays; a directory keeps both; a mode alone is applied as sent."""
+    d, dfh = work
+    cases = [("suid", 0o6755, 0o0755), ("sgid-noexec", 0o6745, 0o2745)]
+    for name, sent, expect in cases:
+        (d / name).write_bytes(b"x")
+        fh = c.lookup(dfh, name).fh
+        r = c.setattr(fh, mode=sent, uid=OWNER_UID, gid=GROUP_GID)
+        assert r.ok, f"SETATTR {name}: status {r.status}"
+        st = os.stat(d / name)
+        assert (st.st_uid, st.st_gid) == (OWNER_UID, GROUP_GID)
+        assert stat.S_IMODE(st.st_mode) == expect, f"{name}: mode {oct(stat.S_IMODE(st.st_mode))}"
+    (d / "sub").mkdir()
+    r = c.setattr(c.lookup(dfh, "sub").fh, mode=0o2775, uid=OWNER_UID)
+    assert r.ok and stat.S_IMODE(os.stat(d / "sub").st_mode) == 0o2775
+    (d / "plain").write_bytes(b"x")
+    assert c.setattr(c.lookup(dfh, "plain").fh, mode=0o4755).ok
+    assert stat.S_IMODE(os.stat(d / "plain").st_mode) == 0o4755
+
+
+@needs_root
 def test_owner_may_write_and_read_its_read_only_file(srv, c, work):
     """knfsd's owner override: a file created 0444 must still take the data that follows
     (cp, tar and the kernel client rely on it); other users are refused."""

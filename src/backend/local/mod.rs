@@ -196,6 +196,17 @@ const R: u32 = 4;
 const W: u32 = 2;
 const X: u32 = 1;
 
+/// The mode a SETATTR that also changes the owner sets. `chown` clears a file's setuid
+/// bit (and setgid, where it means set-group-id: group execute set); a mode given in the
+/// same call must not put them back for the new owner, as knfsd strips them too.
+fn mode_after_chown(mode: u32, kind: FileKind, chown: bool) -> u32 {
+    if !chown || kind == FileKind::Directory {
+        return mode;
+    }
+    let setgid = if mode & 0o010 != 0 { libc::S_ISGID } else { 0 };
+    mode & !(libc::S_ISUID | setgid)
+}
+
 /// Mode-bit permission check, as the kernel does it for a process with `cred`.
 fn may(cred: &Cred, attr: &Attr, want: u32) -> bool {
     if cred.uid == 0 {
@@ -664,12 +675,13 @@ impl LocalFs {
     /// Applies ownership, mode and times (not size) under the caller's identity.
     fn apply_attrs(&self, fd: &OwnedFd, kind: FileKind, attrs: &SetAttrs) -> VfsResult<()> {
         let raw = fd.as_raw_fd();
-        if attrs.uid.is_some() || attrs.gid.is_some() {
+        let chown = attrs.uid.is_some() || attrs.gid.is_some();
+        if chown {
             sys::chown_fd(raw, attrs.uid, attrs.gid)?;
         }
         if let Some(mode) = attrs.mode {
             if kind != FileKind::Symlink {
-                sys::chmod_fd(raw, mode & 0o7777)?;
+                sys::chmod_fd(raw, mode_after_chown(mode & 0o7777, kind, chown))?;
             }
         }
         if attrs.atime != SetTime::Unchanged || attrs.mtime != SetTime::Unchanged {
