@@ -173,11 +173,13 @@ impl Dispatcher {
         }
         let reply = Arc::new(finish_record(w));
         if let Some(key) = &drc_key {
-            // Only a call that ran to its reply is remembered. One refused or not decoded
-            // changed nothing, so its retransmit may run again (anyone could otherwise push
-            // the replies of real calls out of the cache with a stream of garbage), and one
-            // that panicked is better tried again than answered SYSTEM_ERR for good.
-            if ran {
+            // Only a call that ran and succeeded is remembered. One that failed, was
+            // refused (a bad or stale handle, an address or identity not admitted, a
+            // read-only export) or was not decoded changed nothing, so its retransmit may
+            // run again: anyone can send such calls, and remembering them would let a
+            // stream of them push the replies of real calls out of the cache. One that
+            // panicked is better tried again than answered SYSTEM_ERR for good.
+            if ran && status.map_or(true, |s| s == 0) {
                 self.drc.complete(key, reply.clone());
             } else {
                 self.drc.abandon(key);

@@ -95,7 +95,8 @@ pub trait RpcProgram: Send + Sync {
     fn is_quick(&self, _version: u32, _procedure: u32, _args: &[u8]) -> bool {
         false
     }
-    /// Whether a successful reply's results begin with a status word (counted in metrics).
+    /// Whether a successful reply's results begin with a status word: counted in metrics,
+    /// and a call with a status other than 0 is not kept by the duplicate request cache.
     fn results_start_with_status(&self, _procedure: u32) -> bool {
         false
     }

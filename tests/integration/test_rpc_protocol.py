@@ -312,6 +312,26 @@ def test_drc_same_xid_other_args_or_other_client_is_a_new_call(srv, work):
     assert r.ok and not (d / "a").exists(), "same bytes from another client address must run"
 
 
+def test_refused_calls_do_not_push_real_replies_out_of_the_drc(tmp_path):
+    """A call refused before it changed anything (here: handles that name nothing) is
+    not remembered: anyone can send such calls, and a stream of them must not evict the
+    reply of a real REMOVE, whose retransmit would otherwise run again (NOENT)."""
+    export = make_export(tmp_path)
+    (Path(export) / "victim").write_bytes(b"x")
+    with Nasd(export, args=["--no-root-squash", "--drc-entries", "32"]) as n, \
+            Nfs3Client(n.host, n.port, cred=ROOT) as c:
+        root = c.root(n.export_dir)
+        xid, msg = c.build(NFS_PROG, 3, rpc.NFSPROC3_REMOVE, nfs3_args.diropargs(root, "victim"))
+        first = _send_same(c, msg, xid)
+        assert decode_result(rpc.NFSPROC3_REMOVE, first).ok
+        for i in range(100):
+            bogus = bytes([i]) * 32
+            assert c.remove(bogus, "x").status in (rpc.NFS3ERR_BADHANDLE, rpc.NFS3ERR_STALE)
+        again = _send_same(c, msg, xid)
+        assert again.raw == first.raw, \
+            f"retransmitted REMOVE ran again: {decode_result(rpc.NFSPROC3_REMOVE, again).status}"
+
+
 def test_pipelined_calls_all_answered(srv, work):
     d, dfh = work
     names = [f"p{i:02d}" for i in range(50)]
