@@ -17,5 +17,6 @@ pub mod nfs3;
 pub mod portmap;
 pub mod rpc;
 pub mod server;
+pub mod throttle;
 pub mod vfs;
 pub mod xdr;

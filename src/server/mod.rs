@@ -49,6 +49,8 @@ pub(crate) struct Shared {
     pub state: Arc<ServerState>,
     /// Connections that may hold slots without progress, closed when others wait.
     pub stalls: Stalls,
+    /// Open TCP connections, on all listeners together.
+    pub connections: Arc<Semaphore>,
 }
 
 impl Shared {
@@ -157,6 +159,7 @@ impl Server {
             record_pool: RecordPool::new(RECORD_BUFFERS_KEPT),
             state: state.clone(),
             stalls: Stalls::new(std::time::Duration::from_secs(config.limits.stall_timeout_secs)),
+            connections: Arc::new(Semaphore::new(config.limits.max_connections)),
         });
         let reloader = ExportReloader { state: state.clone(), limits: config.limits.clone(), changes };
         Ok(Server { shared, tcp, udp, metrics_listener, local_addr, reloader })

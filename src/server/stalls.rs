@@ -28,6 +28,9 @@ use std::time::Duration;
 /// together: one looks, the others wait).
 pub const PRESSURE_CHECK: Duration = Duration::from_millis(500);
 
+/// Closings at the connection limit, which any peer can cause, logged once a minute.
+static EVICTIONS: crate::throttle::Throttle = crate::throttle::Throttle::new(60);
+
 /// What the watch needs of a connection.
 pub trait Watched: Send + Sync {
     /// The kernel's counts for its socket, if it can tell.
@@ -81,6 +84,9 @@ pub struct Progress {
     acked_at_stall: AtomicU64,
     /// Since when the request now arriving has been arriving.
     request_arriving: AtomicU64,
+    /// When the connection opened or its last request began to arrive: the one used
+    /// least recently makes room when the connection limit is reached.
+    last_request: AtomicU64,
     /// Closed by the watch already: not again.
     closing: AtomicBool,
     conn: OnceLock<Weak<dyn Watched>>,
@@ -122,6 +128,7 @@ impl Stalls {
             write_stalled: AtomicU64::new(0),
             acked_at_stall: AtomicU64::new(u64::MAX),
             request_arriving: AtomicU64::new(0),
+            last_request: AtomicU64::new(stamp()),
             closing: AtomicBool::new(false),
             conn: OnceLock::new(),
         });
@@ -141,6 +148,31 @@ impl Stalls {
             return 0;
         }
         self.close_stalled_at(now, except)
+    }
+
+    /// At the connection limit: closes the connection whose last request is the oldest
+    /// (or that never sent one), as knfsd does, so that connections opened and left idle
+    /// cannot keep every client out until the idle timeout. Its client, if it is one,
+    /// reconnects when it next has a call. Returns whether one was closed.
+    pub fn close_least_recently_used(&self) -> bool {
+        let oldest = {
+            let conns = self.conns.lock();
+            conns
+                .values()
+                .filter(|p| !p.closing.load(Ordering::Relaxed) && p.conn.get().is_some())
+                .min_by_key(|p| p.last_request.load(Ordering::Relaxed))
+                .cloned()
+        };
+        let Some(p) = oldest else { return false };
+        let Some(conn) = p.conn.get().and_then(Weak::upgrade) else { return false };
+        if p.closing.swap(true, Ordering::Relaxed) {
+            return false;
+        }
+        if let Some(held_back) = EVICTIONS.allow() {
+            tracing::warn!(client = %p.peer, held_back, "connection limit reached: closing the connection used least recently");
+        }
+        conn.abort();
+        true
     }
 
     fn close_stalled_at(&self, now: u64, except: Option<u64>) -> usize {
@@ -214,7 +246,9 @@ impl Registration<'_> {
 impl Progress {
     /// A request has begun to arrive (it now holds a slot).
     pub fn request_arriving(&self) {
-        self.request_arriving.store(stamp(), Ordering::Relaxed);
+        let now = stamp();
+        self.request_arriving.store(now, Ordering::Relaxed);
+        self.last_request.store(now, Ordering::Relaxed);
     }
 
     /// The request has arrived whole.
@@ -304,6 +338,25 @@ mod tests {
         // Until their tasks end they stay registered, but are not closed again.
         assert_eq!(stalls.close_stalled_at(60 * SEC, Some(waiter.id())), 0);
         assert!(busy.progress.write_stalled.load(Ordering::Relaxed) == 0);
+    }
+
+    #[test]
+    fn the_connection_used_least_recently_makes_room_once() {
+        let stalls = Stalls::new(Duration::from_secs(5));
+        let conns: Vec<Arc<FakeConn>> = (0..3).map(|_| Arc::new(FakeConn::default())).collect();
+        let regs: Vec<Registration<'_>> = conns.iter().map(|c| watched(&stalls, c)).collect();
+        for (reg, at) in regs.iter().zip([3 * SEC, SEC, 2 * SEC]) {
+            reg.progress.last_request.store(at, Ordering::Relaxed);
+        }
+        let aborted = || conns.iter().map(|c| c.aborted.load(Ordering::SeqCst)).collect::<Vec<_>>();
+        assert!(stalls.close_least_recently_used());
+        assert_eq!(aborted(), [0, 1, 0]);
+        // Closing, not yet gone: the next oldest goes next.
+        assert!(stalls.close_least_recently_used());
+        assert_eq!(aborted(), [0, 1, 1]);
+        assert!(stalls.close_least_recently_used());
+        assert!(!stalls.close_least_recently_used(), "nothing left to close");
+        assert_eq!(aborted(), [1, 1, 1]);
     }
 
     #[test]

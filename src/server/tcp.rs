@@ -419,8 +419,14 @@ impl Watched for ReplySink {
     }
 }
 
+/// How long a new connection waits at the connection limit for the one closed to make
+/// room for it to end.
+const ROOM_WAIT: Duration = Duration::from_secs(1);
+
+/// Refusals at the connection limit, which any peer can cause, logged once a minute.
+static REFUSED: crate::throttle::Throttle = crate::throttle::Throttle::new(60);
+
 pub(crate) async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    let connections = Arc::new(Semaphore::new(shared.limits.max_connections));
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(c) => c,
@@ -431,8 +437,17 @@ pub(crate) async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 continue;
             }
         };
-        let Ok(slot) = connections.clone().try_acquire_owned() else {
-            tracing::warn!(client = %peer, "connection refused: max_connections reached");
+        let slot = match shared.connections.clone().try_acquire_owned() {
+            Ok(slot) => Some(slot),
+            Err(_) if shared.stalls.close_least_recently_used() => {
+                tokio::time::timeout(ROOM_WAIT, shared.connections.clone().acquire_owned()).await.ok().and_then(Result::ok)
+            }
+            Err(_) => None,
+        };
+        let Some(slot) = slot else {
+            if let Some(held_back) = REFUSED.allow() {
+                tracing::warn!(client = %peer, held_back, "connection refused: max_connections reached");
+            }
             continue;
         };
         let shared = shared.clone();

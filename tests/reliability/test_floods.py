@@ -300,6 +300,45 @@ def test_stalled_connections_are_closed_when_others_need_their_slots(tmp_path):
                 s.close()
 
 
+def test_idle_connections_at_the_limit_do_not_keep_clients_out(tmp_path):
+    """Connections opened and left idle, more than max_connections allows: a new
+    client is still answered, because at the limit the
+    connection used least recently is closed (as knfsd does), not the new one. The idle
+    timeout (360 s) would otherwise keep every client out for six minutes. A connection
+    that keeps calling is not the one closed."""
+    export = tmp_path / "export"
+    export.mkdir()
+    config = tmp_path / "nasd.toml"
+    config.write_text("[limits]\nmax_connections = 16\n")
+    with Nasd(export, args=["--no-root-squash", "--config", config]) as srv:
+        with Nfs3Client("127.0.0.1", srv.port, cred=auth_sys(0, 0), timeout=10) as busy:
+            root = busy.root(str(export))
+            hogs = []
+            try:
+                for _ in range(20):
+                    hogs.append(socket.create_connection(("127.0.0.1", srv.port), timeout=10))
+                    # nasd stamps activity with a coarse clock (a few ms): apart by more.
+                    time.sleep(0.02)
+                    assert busy.getattr(root).status == NFS3_OK  # stays the most recent
+                    time.sleep(0.02)
+                for attempt in range(3):
+                    started = time.monotonic()
+                    with Nfs3Client("127.0.0.1", srv.port, cred=auth_sys(0, 0), timeout=10) as c:
+                        assert c.getattr(root).status == NFS3_OK
+                    waited = time.monotonic() - started
+                    print(f"new client {attempt} answered after {waited:.2f} s with {len(hogs)} idle connections open")
+                    assert waited < 5
+                    assert busy.getattr(root).status == NFS3_OK, "the busy connection was closed"
+                    time.sleep(0.02)
+                closed = sum(closed_within(s, 0.2) for s in hogs)
+                print(f"  {closed} of {len(hogs)} idle connections closed")
+                assert closed >= len(hogs) - 15
+                assert srv.alive()
+            finally:
+                for s in hogs:
+                    s.close()
+
+
 def test_garbage_burst(server):
     """100,000 garbage records (random bodies, valid record marks) in a burst over 4
     connections whose replies, if any, are drained. The records are made beforehand so

@@ -8,7 +8,7 @@
 
 use crate::vfs::{Cred, INVALID_ID};
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
@@ -73,8 +73,8 @@ fn switch_identity(current: &mut Option<Cred>, cred: &Cred) -> bool {
     let acting_as = if valid && apply_identity(cred) {
         cred.clone()
     } else {
-        if refusals_to_log() {
-            tracing::error!(uid = cred.uid, gid = cred.gid, groups = ?cred.groups, "could not take on a caller's identity: acting as nobody");
+        if let Some(held_back) = REFUSALS.allow() {
+            tracing::error!(uid = cred.uid, gid = cred.gid, groups = ?cred.groups, held_back, "could not take on a caller's identity: acting as nobody");
         }
         let nobody = Cred { uid: NOBODY, gid: NOBODY, groups: Vec::new() };
         if !apply_identity(&nobody) {
@@ -106,12 +106,7 @@ fn resource_override(on: bool) {
 }
 
 /// At most one log line a minute for ids the kernel refuses: any client can send them.
-fn refusals_to_log() -> bool {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let next = NEXT.load(Ordering::Relaxed);
-    now >= next && NEXT.compare_exchange(next, now + 60, Ordering::Relaxed, Ordering::Relaxed).is_ok()
-}
+static REFUSALS: crate::throttle::Throttle = crate::throttle::Throttle::new(60);
 
 /// The fallback identity, with no privileges and no groups.
 const NOBODY: u32 = 65534;
