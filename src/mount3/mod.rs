@@ -17,7 +17,14 @@ const MNTPATHLEN: usize = 1024;
 /// Mounts DUMP lists per client address, and in all.
 const MOUNTS_PER_CLIENT: usize = 64;
 const MOUNTS_LISTED: usize = 4096;
+/// Bytes of mount entries one DUMP reply carries at most: the list is informational, and
+/// its reply must not outgrow the others.
+const DUMP_REPLY_MAX: usize = 256 * 1024;
 const AUTH_SYS: u32 = 1;
+
+/// Mount requests, which any peer can send (over UDP, from any source address), logged
+/// at most once a second.
+static MOUNT_LOG: crate::throttle::Throttle = crate::throttle::Throttle::new(1);
 
 pub mod proc {
     pub const NULL: u32 = 0;
@@ -96,20 +103,24 @@ impl Mount3 {
     }
 
     fn mnt(&self, ctx: &CallContext, path: &[u8], out: &mut XdrWriter) {
-        match self.resolve(ctx, path) {
+        let result = self.resolve(ctx, path);
+        if let Some(held_back) = MOUNT_LOG.allow() {
+            let path = String::from_utf8_lossy(path);
+            match &result {
+                Ok(_) => tracing::info!(client = %ctx.peer, %path, held_back, "mounted"),
+                Err(status) => tracing::info!(client = %ctx.peer, %path, ?status, held_back, "mount refused"),
+            }
+        }
+        match result {
             Ok(fh) => {
                 out.u32(MountStatus::Ok as u32);
                 out.opaque(&fh);
                 out.u32(1);
                 out.u32(AUTH_SYS);
-                let path = String::from_utf8_lossy(path).into_owned();
-                tracing::info!(client = %ctx.peer, path, "mounted");
-                self.remember_mount(ctx.peer.ip().to_string(), path);
+                // Valid UTF-8: `resolve` accepted it.
+                self.remember_mount(ctx.peer.ip().to_string(), listed_path(&String::from_utf8_lossy(path)));
             }
-            Err(status) => {
-                tracing::info!(client = %ctx.peer, path = %String::from_utf8_lossy(path), ?status, "mount refused");
-                out.u32(status as u32);
-            }
+            Err(status) => out.u32(status as u32),
         }
     }
 
@@ -161,7 +172,12 @@ impl Mount3 {
     }
 
     fn dump(&self, out: &mut XdrWriter) {
+        let mut bytes = 0;
         for (host, dir) in self.state.mounts.lock().iter() {
+            bytes += 12 + host.len() + dir.len();
+            if bytes > DUMP_REPLY_MAX {
+                break;
+            }
             out.bool(true);
             out.opaque(host.as_bytes());
             out.opaque(dir.as_bytes());
@@ -190,6 +206,14 @@ impl Mount3 {
     }
 }
 
+/// A mounted path as DUMP lists it: without empty and `.` components or a trailing
+/// slash, so that `/srv//a/./` and `/srv/a`, one directory, are one entry (and one client
+/// cannot fill the list with spellings of it).
+fn listed_path(path: &str) -> String {
+    let parts: Vec<&str> = path.split('/').filter(|c| !c.is_empty() && *c != ".").collect();
+    format!("/{}", parts.join("/"))
+}
+
 impl RpcProgram for Mount3 {
     fn program(&self) -> u32 {
         PROGRAM
@@ -206,7 +230,7 @@ impl RpcProgram for Mount3 {
             Args::Mnt(path) => self.mnt(ctx, path, out),
             Args::Dump => self.dump(out),
             Args::Umnt(path) => {
-                let path = String::from_utf8_lossy(path).into_owned();
+                let path = listed_path(&String::from_utf8_lossy(path));
                 self.state.mounts.lock().remove(&(ctx.peer.ip().to_string(), path));
             }
             Args::UmntAll => {

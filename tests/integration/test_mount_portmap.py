@@ -68,13 +68,22 @@ def test_dump_seen_over_udp_and_from_other_clients(srv):
 
 
 def test_one_client_cannot_grow_the_mount_list_without_bound(srv):
-    """Every spelling of a path is a new mount-list entry; past 64 per client nasd still
+    """Spellings of one directory (`/./`, `//`, a trailing slash) are one mount-list
+    entry, and UMNT of any of them removes it; past 64 directories per client nasd still
     mounts but stops listing, so DUMP stays small and other clients are still listed."""
     ip, other_ip = "127.0.0.8", "127.0.0.9"
+    many = Path(srv.export_dir) / "many"
+    for i in range(100):
+        (many / f"d{i:03d}").mkdir(parents=True, exist_ok=True)
     with Nfs3Client(srv.host, srv.port, src_addr=ip, cred=ROOT) as c:
         for i in range(200):
-            spelling = srv.export_dir + "/." * i
+            spelling = srv.export_dir + "/." * i + "//sub" + "/" * (i % 2)
             assert c.mnt(spelling).status == rpc.MNT3_OK, spelling
+        assert _mine(srv, ip) == [srv.export_dir + "/sub"]
+        assert c.umnt(srv.export_dir + "/./sub/").success
+        assert _mine(srv, ip) == []
+        for i in range(100):
+            assert c.mnt(f"{many}/d{i:03d}").status == rpc.MNT3_OK
         assert len(_mine(srv, ip)) == 64
     try:
         with Nfs3Client(srv.host, srv.port, src_addr=other_ip, cred=ROOT) as other:
