@@ -5,16 +5,33 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+/// Scrapes served at once; more wait in the listen backlog.
+const CONCURRENT_SCRAPES: usize = 16;
+/// For the request to arrive, and again for the reply to be taken.
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub(crate) async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+    let scrapes = Arc::new(Semaphore::new(CONCURRENT_SCRAPES));
     loop {
-        let Ok((mut stream, _)) = listener.accept().await else { continue };
+        let Ok(scrape) = scrapes.clone().acquire_owned().await else { return };
+        let mut stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // EMFILE and friends leave the listener ready: back off instead of spinning.
+                tracing::debug!(error = %e, "metrics: accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
         let metrics = metrics.clone();
         tokio::spawn(async move {
+            let _scrape = scrape;
             let mut buf = vec![0u8; 4096];
             let mut got = 0;
             // Read the request head (bounded in size and time).
-            let head_done = tokio::time::timeout(Duration::from_secs(5), async {
+            let head_done = tokio::time::timeout(SCRAPE_TIMEOUT, async {
                 while got < buf.len() {
                     match stream.read(&mut buf[got..]).await {
                         Ok(0) | Err(_) => return false,
@@ -42,7 +59,8 @@ pub(crate) async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
                 "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                 body.len()
             );
-            let _ = stream.write_all(resp.as_bytes()).await;
+            // A peer that does not take the reply must not keep its task and socket.
+            let _ = tokio::time::timeout(SCRAPE_TIMEOUT, stream.write_all(resp.as_bytes())).await;
         });
     }
 }
