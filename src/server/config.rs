@@ -82,6 +82,25 @@ impl Default for Limits {
     }
 }
 
+/// The largest call: a WRITE of the largest size FSINFO offers (`wtmax`), with its RPC
+/// header, credential and arguments.
+pub const LARGEST_CALL: usize = crate::nfs3::xdr::MAX_IO as usize + 4096;
+
+impl Limits {
+    /// Refuses limits a client could not work with: FSINFO offers 1 MiB WRITEs, and a
+    /// record longer than `max_record_bytes` closes the connection, so a smaller limit
+    /// would make the Linux client retransmit the same WRITE forever.
+    pub fn check(&self) -> Result<(), String> {
+        if self.max_record_bytes < LARGEST_CALL {
+            return Err(format!(
+                "max_record_bytes = {} is too small: a 1 MiB WRITE (the size nasd offers clients) needs {LARGEST_CALL}",
+                self.max_record_bytes
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Config {
     pub fn from_toml(text: &str) -> Result<Config, toml::de::Error> {
         toml::from_str(text)
@@ -106,6 +125,16 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_record_limit_below_the_largest_write_is_refused() {
+        assert!(Limits::default().check().is_ok());
+        let c = Config::from_toml("[limits]\nmax_record_bytes = 262144\n").unwrap();
+        let err = c.limits.check().unwrap_err();
+        assert!(err.contains("max_record_bytes = 262144"), "{err}");
+        let c = Config::from_toml(&format!("[limits]\nmax_record_bytes = {LARGEST_CALL}\n")).unwrap();
+        assert!(c.limits.check().is_ok());
+    }
 
     #[test]
     fn toml_overrides_defaults_and_rejects_unknown_keys() {

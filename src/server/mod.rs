@@ -109,6 +109,7 @@ impl Server {
         if table.exports.is_empty() {
             return Err(UsageError("nothing to export".into()).into());
         }
+        config.limits.check().map_err(UsageError)?;
         if !creds::init() {
             tracing::warn!("not running as root: every client acts as the server's own user");
         }
