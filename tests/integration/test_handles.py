@@ -3,6 +3,7 @@
 
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -295,6 +296,48 @@ def test_directory_moved_out_of_the_export_leads_nowhere(tmp_path):
             os.rename(top / "moved", sub / "d")
             assert cl.getattr(d).ok
             assert cl.lookup(d, "..").attr.fileid == os.stat(sub).st_ino
+
+
+def test_dotdot_of_a_directory_being_moved_out_never_leads_out(tmp_path):
+    """A directory moved in and out of the export while a client looks up its `..`: each
+    answer is the parent inside the export or STALE, never the directory outside it
+    (whose entries the client could then read). The check must be made on the parent
+    found, not on the directory before the lookup: between the two it may move."""
+    top = make_export(tmp_path, "X")
+    sub = top / "sub"
+    (sub / "a" / "b").mkdir(parents=True)
+    outside = top / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"must not be reachable")
+    ex = write_exports(tmp_path, [f"{sub} 127.0.0.1(rw,no_root_squash,insecure)"])
+    stop = threading.Event()
+
+    def mover():
+        inside, out = sub / "a" / "b", outside / "b"
+        while not stop.is_set():
+            os.rename(inside, out)
+            os.rename(out, inside)
+
+    with Nasd(exports_file=ex) as n, Nfs3Client(n.host, n.port, cred=ROOT) as cl:
+        root = cl.root(str(sub))
+        b = cl.lookup(cl.lookup(root, "a").fh, "b").fh
+        t = threading.Thread(target=mover)
+        t.start()
+        answers = {}
+        try:
+            deadline = time.monotonic() + 4
+            while time.monotonic() < deadline:
+                up = cl.lookup(b, "..")
+                answers[up.status] = answers.get(up.status, 0) + 1
+                if up.ok:
+                    leak = cl.lookup(up.fh, "secret")
+                    assert leak.status != rpc.NFS3_OK, \
+                        f"`..` led out of the export (parent fileid {up.attr.fileid}) after {sum(answers.values())} lookups"
+        finally:
+            stop.set()
+            t.join()
+        print(f"`..` answers by status: {answers}")
+        assert answers.get(rpc.NFS3_OK, 0) > 0, "never answered: the test raced nothing"
 
 
 def test_bind_mount_inside_export_is_not_crossed(srv, c, tmp_path):

@@ -792,9 +792,17 @@ impl Vfs for LocalFs {
 
     fn lookup(&self, cred: &Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<(ObjectId, Attr)> {
         let (dobj, dattr) = self.resolve_dir(cred, dir)?;
-        // The directory may have been moved out of the export since it was cached.
-        if name == b".." && !self.is_root(&dattr) && !self.as_root(cred, || self.dir_within_export(dobj.path_fd.as_raw_fd()))? {
-            return Err(VfsError::Stale);
+        if name == b".." && !self.is_root(&dattr) {
+            // The directory may have been moved out of the export since it was cached, or
+            // may be moved while this runs: the parent found is what must be in the export.
+            let dotdot = CString::new("..").expect("no NUL");
+            let parent = sys::openat(dobj.path_fd.as_raw_fd(), &dotdot, libc::O_PATH | libc::O_DIRECTORY, 0)?;
+            if !self.as_root(cred, || self.dir_within_export(parent.as_raw_fd()))? {
+                return Err(VfsError::Stale);
+            }
+            let (id, attr, fd) = self.entry_of(parent)?;
+            self.cache.insert(id, CachedObject::new(fd)).touch();
+            return Ok((id, attr));
         }
         self.lookup_entry(&dobj, &dattr, name)
     }
