@@ -13,6 +13,7 @@ committed.
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -28,6 +29,17 @@ def run(*cmd):
 
 @pytest.fixture
 def failing_fs(tmp_path):
+    yield from _failing_fs(tmp_path, journal=False)
+
+
+@pytest.fixture
+def failing_journaled_fs(tmp_path):
+    yield from _failing_fs(tmp_path, journal=True)
+
+
+def _failing_fs(tmp_path, journal):
+    """With a journal, the journal is written out at mkfs time, so that only new data
+    blocks find the backing tmpfs full and the journal keeps working."""
     if os.geteuid() != 0:
         pytest.skip("needs root to mount a tmpfs and a loop device")
     for tool in ("losetup", "mkfs.ext4", "mount", "umount"):
@@ -36,13 +48,16 @@ def failing_fs(tmp_path):
     outer, inner = tmp_path / "backing", tmp_path / "export"
     outer.mkdir()
     inner.mkdir()
-    run("mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(outer))
+    run("mount", "-t", "tmpfs", "-o", f"size={10 if journal else 6}m", "tmpfs", str(outer))
     loop = None
     try:
         image = outer / "disk.img"
         with open(image, "wb") as f:
             f.truncate(64 * MiB)
-        run("mkfs.ext4", "-q", "-O", "^has_journal", "-E", "lazy_itable_init=1,nodiscard", str(image))
+        if journal:
+            run("mkfs.ext4", "-q", "-J", "size=4", "-E", "lazy_itable_init=1,lazy_journal_init=0,nodiscard", str(image))
+        else:
+            run("mkfs.ext4", "-q", "-O", "^has_journal", "-E", "lazy_itable_init=1,nodiscard", str(image))
         loop = run("losetup", "-f", "--show", str(image))
         run("mount", "-o", "errors=continue", loop, str(inner))
         yield inner
@@ -81,3 +96,35 @@ def test_a_failed_commit_changes_the_write_verifier(failing_fs):
         r = c.write(probe, 0, b"p" * 4096, stable="unstable")
         assert r.status == NFS3_OK, f"UNSTABLE write after the failure: nfsstat3 {r.status}"
         assert r.verf != acknowledged, "the write verifier outlived a failed sync"
+
+
+def test_a_file_let_go_of_with_unwritten_data_cannot_vouch_for_it(failing_journaled_fs, tmp_path):
+    """The cache lets go of a file written UNSTABLE (idle for a second here) before its
+    data is written back. When that writeback fails and the inode leaves memory, no
+    descriptor opened later hears of the error, so a COMMIT through one would succeed
+    with the verifier the writes were acknowledged with: the client would never resend.
+    nasd checks a written file as it lets go of it (as knfsd's file cache does), so the
+    COMMIT fails or answers a new verifier. With a journal, so that COMMIT is the file's
+    own fsync and not a sync of the whole file system, which would report the error."""
+    export = failing_journaled_fs
+    config = tmp_path / "nasd.toml"
+    config.write_text("[limits]\nopen_object_idle_secs = 1\n")
+    with Nasd(export, args=["--no-root-squash", "--config", config]) as srv, \
+            Nfs3Client("127.0.0.1", srv.port, cred=auth_sys(0, 0), timeout=60) as c:
+        root = c.root(str(export))
+        lost = c.create(root, "lost").fh
+        chunk = os.urandom(MiB)
+        verifiers = set()
+        for i in range(16):   # into the page cache; the disk has room for a few MiB
+            r = c.write(lost, i * MiB, chunk, stable="unstable")
+            assert r.status == NFS3_OK, f"UNSTABLE write {i}: nfsstat3 {r.status}"
+            verifiers.add(r.verf)
+        (acknowledged,) = verifiers
+        time.sleep(3)   # idle: let go of by the cache
+        run("sync")     # the writeback fails (if nothing wrote it before)
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")   # and the inode, with its error, leaves memory
+        r = c.commit(lost)
+        print(f"COMMIT after the cache let go: nfsstat3 {r.status}, verifier changed: {r.verf != acknowledged}")
+        assert r.status != NFS3_OK or r.verf != acknowledged, \
+            "COMMIT vouched for data the disk refused, with the verifier the writes got"

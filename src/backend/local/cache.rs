@@ -4,13 +4,14 @@
 //! costs no `name_to_handle_at`).
 
 use super::sync::SyncGroup;
+use super::{close_check, LocalFs};
 use crate::vfs::ObjectId;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
 /// The descriptors an object's I/O goes through, each opened when first needed.
@@ -18,8 +19,9 @@ use std::time::{Duration, SystemTime};
 pub struct IoFds {
     /// Read-only (directories: for `fsync`).
     pub read: Option<Arc<OwnedFd>>,
-    /// Read-write, once the object was written.
-    pub write: Option<Arc<OwnedFd>>,
+    /// Read-write, once the object was written, and the export it was written through:
+    /// checked for writeback errors when the object is dropped (`close_check`).
+    pub write: Option<(Arc<OwnedFd>, Weak<LocalFs>)>,
 }
 
 /// One cached object: an `O_PATH` descriptor that names it, lazily the descriptors for
@@ -31,6 +33,14 @@ pub struct CachedObject {
     pub sync: SyncGroup,
     /// Used since the last sweep ([`sweep_idle`]).
     used: AtomicBool,
+}
+
+impl Drop for CachedObject {
+    fn drop(&mut self) {
+        if let Some((fd, owner)) = self.io_fds.get_mut().write.take() {
+            close_check::check_and_close(fd, owner);
+        }
+    }
 }
 
 impl CachedObject {

@@ -7,6 +7,7 @@
 //! are authenticated one layer up, so a forged handle never reaches `open_by_handle_at`.
 
 mod cache;
+mod close_check;
 pub mod creds;
 mod dirstream;
 mod sync;
@@ -454,7 +455,8 @@ impl LocalFs {
     fn io_fd(&self, cred: &Cred, obj: &CachedObject, attr: &Attr, want: u32) -> VfsResult<Arc<OwnedFd>> {
         let writing = want & W != 0;
         let mut fds = obj.io_fds.lock();
-        let cached = if writing { fds.write.as_ref() } else { fds.write.as_ref().or(fds.read.as_ref()) };
+        let write = fds.write.as_ref().map(|(fd, _)| fd);
+        let cached = if writing { write } else { write.or(fds.read.as_ref()) };
         if let Some(fd) = cached {
             return Ok(fd.clone());
         }
@@ -465,8 +467,11 @@ impl LocalFs {
             (_, false) => libc::O_RDONLY,
         };
         let fd = Arc::new(self.as_root(cred, || sys::openat(libc::AT_FDCWD, &path, flags, 0))?);
-        let slot = if writing { &mut fds.write } else { &mut fds.read };
-        *slot = Some(fd.clone());
+        if writing {
+            fds.write = Some((fd.clone(), self.me.clone()));
+        } else {
+            fds.read = Some(fd.clone());
+        }
         Ok(fd)
     }
 

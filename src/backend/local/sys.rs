@@ -286,6 +286,15 @@ pub fn start_writeback(fd: &OwnedFd, offset: u64, len: u64) {
     unsafe { libc::sync_file_range(fd.as_raw_fd(), offset as i64, len as i64, libc::SYNC_FILE_RANGE_WRITE) };
 }
 
+/// Writes the file's dirty pages and waits for them, without flushing the disk's cache;
+/// reports any writeback error this descriptor has not seen yet (`sync_file_range` waits
+/// through `file_fdatawait_range`, which checks the descriptor's error sequence).
+pub fn write_and_wait(fd: &OwnedFd) -> VfsResult<()> {
+    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    // SAFETY: plain syscall on an owned fd.
+    check(unsafe { libc::sync_file_range(fd.as_raw_fd(), 0, 0, flags) }).map(|_| ())
+}
+
 pub fn fsync(fd: &OwnedFd) -> VfsResult<()> {
     // SAFETY: plain syscall on an owned fd.
     check(unsafe { libc::fsync(fd.as_raw_fd()) }).map(|_| ())
