@@ -31,6 +31,7 @@ pub(crate) async fn serve(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
         let shared = shared.clone();
         let socket = socket.clone();
         tokio::task::spawn_blocking(move || {
+            let local = reply_source(local, peer);
             if let Some(reply) = shared.dispatcher.handle(&buf, peer, local, Transport::Udp) {
                 // Datagrams carry no record mark; procedures never leave data in files for UDP.
                 let body = &reply.bytes[4..];
@@ -50,6 +51,23 @@ pub(crate) async fn serve(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
             drop(slot);
         });
     }
+}
+
+/// The address a reply to `peer` leaves from, which portmap hands out as the server's:
+/// the socket's own, or, where it listens on every address, the one the kernel routes to
+/// `peer` from (asked of a UDP socket connected to `peer`, which sends nothing). A
+/// connected TCP socket knows its address; a datagram does not say which one it came to.
+fn reply_source(local: SocketAddr, peer: SocketAddr) -> SocketAddr {
+    if !local.ip().is_unspecified() {
+        return local;
+    }
+    let any: SocketAddr = if peer.is_ipv4() { (std::net::Ipv4Addr::UNSPECIFIED, 0).into() } else { (std::net::Ipv6Addr::UNSPECIFIED, 0).into() };
+    std::net::UdpSocket::bind(any)
+        .and_then(|s| {
+            s.connect(peer)?;
+            s.local_addr()
+        })
+        .map_or(local, |routed| SocketAddr::new(routed.ip(), local.port()))
 }
 
 /// A datagram's source address can be forged, so a reply larger than its call would let

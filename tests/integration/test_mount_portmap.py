@@ -193,6 +193,24 @@ def test_portmap_getport_and_the_advertised_port_works(pmap_srv):
         assert m.getattr(root).ok
 
 
+@pytest.mark.parametrize("proto", ["tcp", "udp"])
+def test_rpcbind_getaddr_names_the_address_called_on_a_wildcard_listener(tmp_path, proto):
+    """rpcbind v3/v4 GETADDR answers with a universal address ("h1.h2.h3.h4.p1.p2") for
+    the client to connect to. nasd listening on every address (0.0.0.0) must name the
+    address the client reached it on, not 0.0.0.0, over UDP as over TCP (a datagram does
+    not say which address it came to; TCP's connected socket does)."""
+    export = make_export(tmp_path)
+    port = free_port()
+    with Nasd(export, args=["--no-root-squash"], host="0.0.0.0", port=port) as n:
+        with RpcClient("127.0.0.1", port, proto=proto) as c:
+            for vers in (3, 4):
+                args = Packer().u32(NFS_PROG).u32(3).opaque(b"udp").opaque(b"").opaque(b"").bytes()
+                r = c.call(PMAP_PROG, vers, 3, args)
+                assert r.success
+                uaddr = r.unpacker().opaque().decode()
+                assert uaddr == f"127.0.0.1.{port >> 8}.{port & 0xff}", f"v{vers} GETADDR over {proto}: {uaddr}"
+
+
 # ------------------------------------------------------------ UDP reflection
 
 def test_udp_replies_larger_than_the_call_go_only_to_admitted_clients(tmp_path):
