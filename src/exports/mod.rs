@@ -161,40 +161,61 @@ const NAME_CACHE_ENTRIES: usize = 4096;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NameNotResolved;
 
+/// A client's confirmed name as last resolved.
+struct KnownName {
+    name: Option<String>,
+    at: Instant,
+    /// A caller is resolving it again; the others use this one meanwhile.
+    refreshing: bool,
+}
+
+type NameCache = Mutex<HashMap<IpAddr, KnownName>>;
+
 /// [`confirmed_name`] through the system resolver, cached for [`NAME_TTL`]. Without
 /// `may_resolve` only the cache is asked.
 fn client_name(client: IpAddr, may_resolve: bool) -> Result<Option<String>, NameNotResolved> {
-    static NAMES: OnceLock<Mutex<HashMap<IpAddr, (Option<String>, Instant)>>> = OnceLock::new();
-    let names = NAMES.get_or_init(Default::default);
-    if let Some((name, at)) = names.lock().get(&client) {
-        if at.elapsed() < NAME_TTL {
-            return Ok(name.clone());
-        }
-    }
-    if !may_resolve {
-        return Err(NameNotResolved);
+    static NAMES: OnceLock<NameCache> = OnceLock::new();
+    cached_name(NAMES.get_or_init(Default::default), client, may_resolve, |ip| confirmed_name(ip, reverse_name, forward_addresses))
+}
+
+/// [`client_name`] with its cache and resolver given. An expired name is resolved again
+/// by one caller while the others go on with it: otherwise every call of a busy client
+/// would wait for the resolver at once, each on a thread of its own, whenever its name
+/// expires (and for seconds each where the resolver is down).
+fn cached_name(
+    names: &NameCache,
+    client: IpAddr,
+    may_resolve: bool,
+    resolve: impl FnOnce(IpAddr) -> Option<String>,
+) -> Result<Option<String>, NameNotResolved> {
+    match names.lock().get_mut(&client) {
+        Some(known) if known.at.elapsed() < NAME_TTL || known.refreshing => return Ok(known.name.clone()),
+        // Expired, and nobody resolving it: this caller does, where it may wait.
+        Some(known) if may_resolve => known.refreshing = true,
+        None if may_resolve => {}
+        _ => return Err(NameNotResolved),
     }
     // Resolved without the lock: one slow lookup must not hold up every other client.
-    let name = confirmed_name(client, reverse_name, forward_addresses);
+    let name = resolve(client);
     let mut names = names.lock();
     if names.len() >= NAME_CACHE_ENTRIES {
         make_room(&mut names, NAME_CACHE_ENTRIES / 2);
     }
-    names.insert(client, (name.clone(), Instant::now()));
+    names.insert(client, KnownName { name: name.clone(), at: Instant::now(), refreshing: false });
     Ok(name)
 }
 
 /// Shrinks a full name cache to at most `keep` entries: expired ones go first, then the
 /// oldest. Clearing it all would send every active client back to the resolver at once.
-fn make_room(names: &mut HashMap<IpAddr, (Option<String>, Instant)>, keep: usize) {
-    names.retain(|_, (_, at)| at.elapsed() < NAME_TTL);
+fn make_room(names: &mut HashMap<IpAddr, KnownName>, keep: usize) {
+    names.retain(|_, known| known.at.elapsed() < NAME_TTL);
     if keep == 0 {
         names.clear();
     } else if names.len() > keep {
-        let mut ages: Vec<Instant> = names.values().map(|(_, at)| *at).collect();
+        let mut ages: Vec<Instant> = names.values().map(|known| known.at).collect();
         ages.sort_unstable_by(|a, b| b.cmp(a));
         let cutoff = ages[keep - 1];
-        names.retain(|_, (_, at)| *at >= cutoff);
+        names.retain(|_, known| known.at >= cutoff);
     }
 }
 
@@ -305,15 +326,53 @@ mod tests {
         let mut names = HashMap::new();
         let ip = |i: u32| IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i));
         for i in 0..10u32 {
-            names.insert(ip(i), (None, now - Duration::from_secs(u64::from(i))));
+            names.insert(ip(i), KnownName { name: None, at: now - Duration::from_secs(u64::from(i)), refreshing: false });
         }
-        names.insert(ip(99), (None, now - NAME_TTL - Duration::from_secs(1)));
+        names.insert(ip(99), KnownName { name: None, at: now - NAME_TTL - Duration::from_secs(1), refreshing: false });
         make_room(&mut names, 4);
         let mut kept: Vec<IpAddr> = names.keys().copied().collect();
         kept.sort();
         assert_eq!(kept, (0..4).map(ip).collect::<Vec<_>>(), "the four youngest stay");
         make_room(&mut names, 8);
         assert_eq!(names.len(), 4, "nothing young is dropped while there is room");
+    }
+
+    #[test]
+    fn an_expired_name_is_resolved_again_by_one_caller_while_the_others_use_it() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let names = NameCache::default();
+        let ip: IpAddr = "10.1.2.3".parse().unwrap();
+        let stale = Instant::now() - NAME_TTL - Duration::from_secs(1);
+        names.lock().insert(ip, KnownName { name: Some("old.example".into()), at: stale, refreshing: false });
+        // Inline callers (that may not wait) are sent to a thread for an expired name.
+        assert_eq!(cached_name(&names, ip, false, |_| unreachable!()), Err(NameNotResolved));
+        let lookups = AtomicUsize::new(0);
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        std::thread::scope(|scope| {
+            let (names, lookups) = (&names, &lookups);
+            let refresher = scope.spawn(move || {
+                cached_name(names, ip, true, |_| {
+                    lookups.fetch_add(1, Ordering::SeqCst);
+                    started_tx.send(()).unwrap();
+                    release_rx.recv().unwrap();
+                    Some("new.example".into())
+                })
+            });
+            started_rx.recv().unwrap();
+            // While it resolves, every other caller gets the name it had, at once.
+            for may_resolve in [true, false] {
+                let got = cached_name(names, ip, may_resolve, |_| {
+                    lookups.fetch_add(1, Ordering::SeqCst);
+                    None
+                });
+                assert_eq!(got, Ok(Some("old.example".into())));
+            }
+            release_tx.send(()).unwrap();
+            assert_eq!(refresher.join().unwrap(), Ok(Some("new.example".into())));
+        });
+        assert_eq!(lookups.load(Ordering::SeqCst), 1, "one lookup for all callers");
+        assert_eq!(cached_name(&names, ip, false, |_| unreachable!()), Ok(Some("new.example".into())));
     }
 
     fn rule(spec: ClientSpec, ro: bool) -> ClientRule {
