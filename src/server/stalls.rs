@@ -44,25 +44,38 @@ pub trait Watched: Send + Sync {
 pub struct TcpCounts {
     /// Bytes sent that the peer acknowledged (it took them into its receive buffer).
     pub bytes_acked: u64,
+    /// Bytes received from the peer.
+    pub bytes_received: u64,
     /// Milliseconds since data last arrived from the peer.
     pub ms_since_data_received: u32,
 }
+
+/// What a connection holding slots must move, in one direction, per stall timeout, while
+/// others wait, to count as slow rather than stalled: a peer that trickles a byte every
+/// few seconds into a request (or takes a byte of its replies) would otherwise keep its
+/// slots for the whole write timeout. 64 KiB per 5 s is a link of about 100 kbit/s.
+const MIN_PROGRESS: u64 = 64 * 1024;
 
 /// `TCP_INFO` of a TCP socket: the fields at their offsets in `struct tcp_info` (stable
 /// kernel ABI; `bytes_acked` since Linux 4.1).
 pub fn tcp_counts(fd: RawFd) -> Option<TcpCounts> {
     const LAST_DATA_RECV: usize = 52;
     const BYTES_ACKED: usize = 120;
+    const BYTES_RECEIVED: usize = 128;
     let mut info = [0u8; 256];
     let mut len = info.len() as libc::socklen_t;
     // SAFETY: getsockopt writes at most `len` bytes into a live local buffer.
     let rc = unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, info.as_mut_ptr().cast(), &mut len) };
-    if rc != 0 || (len as usize) < BYTES_ACKED + 8 {
+    if rc != 0 || (len as usize) < BYTES_RECEIVED + 8 {
         return None;
     }
     let u32_at = |o: usize| u32::from_ne_bytes(info[o..o + 4].try_into().expect("4 bytes"));
     let u64_at = |o: usize| u64::from_ne_bytes(info[o..o + 8].try_into().expect("8 bytes"));
-    Some(TcpCounts { bytes_acked: u64_at(BYTES_ACKED), ms_since_data_received: u32_at(LAST_DATA_RECV) })
+    Some(TcpCounts {
+        bytes_acked: u64_at(BYTES_ACKED),
+        bytes_received: u64_at(BYTES_RECEIVED),
+        ms_since_data_received: u32_at(LAST_DATA_RECV),
+    })
 }
 
 /// The live connections and how long each has been stalled.
@@ -84,6 +97,9 @@ pub struct Progress {
     acked_at_stall: AtomicU64,
     /// Since when the request now arriving has been arriving.
     request_arriving: AtomicU64,
+    /// The bytes received from the client when a look found that request arriving for the
+    /// timeout (`u64::MAX`: no look yet): the next look measures its progress from there.
+    received_at_look: AtomicU64,
     /// When the connection opened or its last request began to arrive: the one used
     /// least recently makes room when the connection limit is reached.
     last_request: AtomicU64,
@@ -128,6 +144,7 @@ impl Stalls {
             write_stalled: AtomicU64::new(0),
             acked_at_stall: AtomicU64::new(u64::MAX),
             request_arriving: AtomicU64::new(0),
+            received_at_look: AtomicU64::new(u64::MAX),
             last_request: AtomicU64::new(stamp()),
             closing: AtomicBool::new(false),
             conn: OnceLock::new(),
@@ -198,21 +215,30 @@ impl Stalls {
             let mut why = None;
             if aged(&p.write_stalled) {
                 match counts {
-                    // The client took reply bytes since: slow, not stalled; a new stall
-                    // would start from here.
-                    Some(c) if c.bytes_acked != p.acked_at_stall.load(Ordering::Relaxed) => {
+                    // The client took enough reply bytes since: slow, not stalled; a new
+                    // stall would start from here.
+                    Some(c) if c.bytes_acked.saturating_sub(p.acked_at_stall.load(Ordering::Relaxed)) >= MIN_PROGRESS => {
                         p.acked_at_stall.store(c.bytes_acked, Ordering::Relaxed);
                         p.write_stalled.store(now, Ordering::Relaxed);
                     }
-                    _ => why = Some("it stopped reading its replies"),
+                    _ => why = Some("it stopped reading its replies, or reads them a few bytes at a time"),
                 }
             }
             if aged(&p.request_arriving) {
+                let base = p.received_at_look.load(Ordering::Relaxed);
                 match counts {
-                    Some(c) if (c.ms_since_data_received as u128) < timeout.as_millis() => {
+                    // Data came within the timeout, and this is the first look at the
+                    // request or it moved enough since the last: measure again from here.
+                    // (The count is not taken as each request starts: that would cost
+                    // every request a system call.)
+                    Some(c)
+                        if (c.ms_since_data_received as u128) < timeout.as_millis()
+                            && (base == u64::MAX || c.bytes_received.saturating_sub(base) >= MIN_PROGRESS) =>
+                    {
+                        p.received_at_look.store(c.bytes_received, Ordering::Relaxed);
                         p.request_arriving.store(now, Ordering::Relaxed);
                     }
-                    _ => why = why.or(Some("its request stopped arriving")),
+                    _ => why = why.or(Some("its request stopped arriving, or arrives a few bytes at a time")),
                 }
             }
             let Some(why) = why else { continue };
@@ -249,6 +275,9 @@ impl Progress {
         let now = stamp();
         self.request_arriving.store(now, Ordering::Relaxed);
         self.last_request.store(now, Ordering::Relaxed);
+        if self.received_at_look.load(Ordering::Relaxed) != u64::MAX {
+            self.received_at_look.store(u64::MAX, Ordering::Relaxed);
+        }
     }
 
     /// The request has arrived whole.
@@ -302,7 +331,11 @@ mod tests {
     }
 
     fn counts(bytes_acked: u64, ms_since_data_received: u32) -> Option<TcpCounts> {
-        Some(TcpCounts { bytes_acked, ms_since_data_received })
+        Some(TcpCounts { bytes_acked, bytes_received: 0, ms_since_data_received })
+    }
+
+    fn received(bytes_received: u64, ms_since_data_received: u32) -> Option<TcpCounts> {
+        Some(TcpCounts { bytes_acked: 0, bytes_received, ms_since_data_received })
     }
 
     const SEC: u64 = 1_000_000_000;
@@ -369,17 +402,45 @@ mod tests {
         slow_reader.progress.write_blocked(|| Some(1000));
         slow_reader.progress.write_stalled.store(SEC, Ordering::Relaxed);
         slow_sender.progress.request_arriving.store(SEC, Ordering::Relaxed);
-        // The reader acknowledged more bytes since its stall began (without freeing
-        // enough of the send buffer for another send); the sender's last data came 1 s ago.
-        *reader.counts.lock() = counts(9000, 60_000);
-        *sender.counts.lock() = counts(0, 1000);
+        // The reader acknowledged 64 KiB since its stall began (without freeing enough of
+        // the send buffer for another send); the sender's last data came 1 s ago.
+        *reader.counts.lock() = counts(1000 + MIN_PROGRESS, 60_000);
+        *sender.counts.lock() = received(1_000_000, 1000);
         assert_eq!(stalls.close_stalled_at(10 * SEC, None), 0);
-        // Each stall starts over from that look: five more seconds without progress...
-        *sender.counts.lock() = counts(0, 6000);
-        assert_eq!(stalls.close_stalled_at(14 * SEC, None), 0);
+        // Each stall starts over from that look: both move 64 KiB more...
+        *reader.counts.lock() = counts(1000 + 2 * MIN_PROGRESS, 60_000);
+        *sender.counts.lock() = received(1_000_000 + MIN_PROGRESS, 1000);
+        assert_eq!(stalls.close_stalled_at(15 * SEC, None), 0);
+        // ...then five more seconds without progress...
+        *sender.counts.lock() = received(1_000_000 + MIN_PROGRESS, 6000);
+        assert_eq!(stalls.close_stalled_at(19 * SEC, None), 0);
         // ...and then they are stalled.
-        assert_eq!(stalls.close_stalled_at(15 * SEC, None), 2);
+        assert_eq!(stalls.close_stalled_at(20 * SEC, None), 2);
         assert_eq!(reader.aborted.load(Ordering::SeqCst) + sender.aborted.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn a_client_that_trickles_is_stalled() {
+        let stalls = Stalls::new(Duration::from_secs(5));
+        let reader = Arc::new(FakeConn::default());
+        let sender = Arc::new(FakeConn::default());
+        let trickle_reader = watched(&stalls, &reader);
+        let trickle_sender = watched(&stalls, &sender);
+        trickle_reader.progress.write_blocked(|| Some(1000));
+        trickle_reader.progress.write_stalled.store(SEC, Ordering::Relaxed);
+        trickle_sender.progress.request_arriving.store(SEC, Ordering::Relaxed);
+        // A byte taken, a byte sent within the last second, again and again.
+        *reader.counts.lock() = counts(1001, 60_000);
+        *sender.counts.lock() = received(500, 900);
+        // The reader moved less than it must: closed. The sender's first look sets where
+        // its progress is measured from...
+        assert_eq!(stalls.close_stalled_at(6 * SEC, None), 1);
+        assert_eq!(reader.aborted.load(Ordering::SeqCst), 1);
+        *sender.counts.lock() = received(510, 900);
+        assert_eq!(stalls.close_stalled_at(10 * SEC, None), 0);
+        // ...and five seconds later ten bytes are not progress.
+        assert_eq!(stalls.close_stalled_at(11 * SEC, None), 1);
+        assert_eq!(sender.aborted.load(Ordering::SeqCst), 1);
     }
 
     #[test]

@@ -300,6 +300,49 @@ def test_stalled_connections_are_closed_when_others_need_their_slots(tmp_path):
                 s.close()
 
 
+def test_connections_that_trickle_requests_are_closed_when_others_need_their_slots(tmp_path):
+    """Sixteen connections that hold every global request slot and send a byte of their
+    request every half second. Any data used to count as progress, so they kept their
+    slots for the whole write timeout (30 s here); now a connection must move 64 KiB per
+    stall timeout (1 s here) while others wait, and a new client is answered within
+    seconds. (Replies taken a few bytes at a time are held to the same rate: unit tests
+    in server/stalls.rs, since the kernel's buffers make that hard to pace from here.)"""
+    with few_slots(tmp_path, "write_timeout_secs = 30\nstall_timeout_secs = 1\n") as (srv, root, args):
+        hogs = []
+        stop = threading.Event()
+
+        def trickle():
+            while not stop.wait(0.5):
+                for s in hogs:
+                    with contextlib.suppress(OSError):
+                        s.send(b"\0")
+
+        mover = threading.Thread(target=trickle)
+        try:
+            for _ in range(16):
+                s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+                s.sendall(struct.pack(">I", 0x80000000 | 200) + b"\0" * 8)
+                hogs.append(s)
+            mover.start()
+            time.sleep(1.0)  # every slot taken, every request moving a byte at a time
+            started = time.monotonic()
+            with Nfs3Client("127.0.0.1", srv.port, cred=auth_sys(0, 0), timeout=20) as c:
+                assert c.getattr(root).status == NFS3_OK
+            waited = time.monotonic() - started
+            print(f"connections trickling requests: a new client was answered after {waited:.1f} s")
+            assert waited < 10, f"a new client waited {waited:.1f} s behind connections trickling requests"
+            closed = sum(closed_within(s, 2.0) for s in hogs)
+            print(f"  {closed} of {len(hogs)} such connections closed")
+            assert closed >= 1
+            assert srv.alive()
+        finally:
+            stop.set()
+            if mover.is_alive():
+                mover.join()
+            for s in hogs:
+                s.close()
+
+
 def test_idle_connections_at_the_limit_do_not_keep_clients_out(tmp_path):
     """Connections opened and left idle, more than max_connections allows: a new
     client is still answered, because at the limit the
