@@ -7,8 +7,8 @@ mod squash;
 pub use parse::{parse_anon_id, parse_exports, ExportsError};
 pub use squash::squash;
 
-use parking_lot::Mutex;
-use std::collections::HashMap;
+use parking_lot::{Condvar, Mutex};
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -169,7 +169,24 @@ struct KnownName {
     refreshing: bool,
 }
 
-type NameCache = Mutex<HashMap<IpAddr, KnownName>>;
+/// Client names as last resolved, and the first lookups under way.
+#[derive(Default)]
+struct NameCache {
+    state: Mutex<Names>,
+    /// Signalled when a first lookup ends.
+    looked_up: Condvar,
+}
+
+#[derive(Default)]
+struct Names {
+    known: HashMap<IpAddr, KnownName>,
+    /// Clients whose name a caller is looking up for the first time.
+    first_lookups: HashSet<IpAddr>,
+}
+
+/// How long a caller waits for another's first lookup of the same client's name before
+/// asking the resolver itself (a resolver that never answers must not hold them all).
+const FIRST_LOOKUP_WAIT: Duration = Duration::from_secs(15);
 
 /// [`confirmed_name`] through the system resolver, cached for [`NAME_TTL`]. Without
 /// `may_resolve` only the cache is asked.
@@ -178,30 +195,48 @@ fn client_name(client: IpAddr, may_resolve: bool) -> Result<Option<String>, Name
     cached_name(NAMES.get_or_init(Default::default), client, may_resolve, |ip| confirmed_name(ip, reverse_name, forward_addresses))
 }
 
-/// [`client_name`] with its cache and resolver given. An expired name is resolved again
-/// by one caller while the others go on with it: otherwise every call of a busy client
-/// would wait for the resolver at once, each on a thread of its own, whenever its name
-/// expires (and for seconds each where the resolver is down).
+/// [`client_name`] with its cache and resolver given. One caller at a time asks the
+/// resolver about a client: the others wait for its first answer, and go on with the old
+/// name while an expired one is looked up again. Otherwise every call of a busy client
+/// would ask the resolver at once, each on a thread of its own, when it first calls and
+/// whenever its name expires (and wait seconds each where the resolver is down).
 fn cached_name(
     names: &NameCache,
     client: IpAddr,
     may_resolve: bool,
     resolve: impl FnOnce(IpAddr) -> Option<String>,
 ) -> Result<Option<String>, NameNotResolved> {
-    match names.lock().get_mut(&client) {
-        Some(known) if known.at.elapsed() < NAME_TTL || known.refreshing => return Ok(known.name.clone()),
-        // Expired, and nobody resolving it: this caller does, where it may wait.
-        Some(known) if may_resolve => known.refreshing = true,
-        None if may_resolve => {}
-        _ => return Err(NameNotResolved),
+    let mut state = names.state.lock();
+    loop {
+        if let Some(known) = state.known.get_mut(&client) {
+            if known.at.elapsed() < NAME_TTL || known.refreshing {
+                return Ok(known.name.clone());
+            }
+            if !may_resolve {
+                return Err(NameNotResolved);
+            }
+            // Expired, and nobody resolving it: this caller does.
+            known.refreshing = true;
+            break;
+        }
+        if !may_resolve {
+            return Err(NameNotResolved);
+        }
+        if state.first_lookups.insert(client) || names.looked_up.wait_for(&mut state, FIRST_LOOKUP_WAIT).timed_out() {
+            break;
+        }
     }
+    drop(state);
     // Resolved without the lock: one slow lookup must not hold up every other client.
     let name = resolve(client);
-    let mut names = names.lock();
-    if names.len() >= NAME_CACHE_ENTRIES {
-        make_room(&mut names, NAME_CACHE_ENTRIES / 2);
+    let mut state = names.state.lock();
+    if state.known.len() >= NAME_CACHE_ENTRIES {
+        make_room(&mut state.known, NAME_CACHE_ENTRIES / 2);
     }
-    names.insert(client, KnownName { name: name.clone(), at: Instant::now(), refreshing: false });
+    state.known.insert(client, KnownName { name: name.clone(), at: Instant::now(), refreshing: false });
+    if state.first_lookups.remove(&client) {
+        names.looked_up.notify_all();
+    }
     Ok(name)
 }
 
@@ -343,7 +378,7 @@ mod tests {
         let names = NameCache::default();
         let ip: IpAddr = "10.1.2.3".parse().unwrap();
         let stale = Instant::now() - NAME_TTL - Duration::from_secs(1);
-        names.lock().insert(ip, KnownName { name: Some("old.example".into()), at: stale, refreshing: false });
+        names.state.lock().known.insert(ip, KnownName { name: Some("old.example".into()), at: stale, refreshing: false });
         // Inline callers (that may not wait) are sent to a thread for an expired name.
         assert_eq!(cached_name(&names, ip, false, |_| unreachable!()), Err(NameNotResolved));
         let lookups = AtomicUsize::new(0);
@@ -373,6 +408,42 @@ mod tests {
         });
         assert_eq!(lookups.load(Ordering::SeqCst), 1, "one lookup for all callers");
         assert_eq!(cached_name(&names, ip, false, |_| unreachable!()), Ok(Some("new.example".into())));
+    }
+
+    #[test]
+    fn a_new_client_is_looked_up_once_and_the_others_wait_for_that_answer() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let names = NameCache::default();
+        let ip: IpAddr = "10.1.2.4".parse().unwrap();
+        let lookups = AtomicUsize::new(0);
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        std::thread::scope(|scope| {
+            let (names, lookups) = (&names, &lookups);
+            let first = scope.spawn(move || {
+                cached_name(names, ip, true, |_| {
+                    lookups.fetch_add(1, Ordering::SeqCst);
+                    started_tx.send(()).unwrap();
+                    release_rx.recv().unwrap();
+                    Some("host.example".into())
+                })
+            });
+            started_rx.recv().unwrap();
+            // An inline caller is sent to a thread; a caller on a thread waits.
+            assert_eq!(cached_name(names, ip, false, |_| unreachable!()), Err(NameNotResolved));
+            let second = scope.spawn(move || {
+                cached_name(names, ip, true, |_| {
+                    lookups.fetch_add(1, Ordering::SeqCst);
+                    None
+                })
+            });
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(!second.is_finished(), "the second caller did not wait for the first lookup");
+            release_tx.send(()).unwrap();
+            assert_eq!(first.join().unwrap(), Ok(Some("host.example".into())));
+            assert_eq!(second.join().unwrap(), Ok(Some("host.example".into())));
+        });
+        assert_eq!(lookups.load(Ordering::SeqCst), 1, "one lookup for both callers");
     }
 
     fn rule(spec: ClientSpec, ro: bool) -> ClientRule {
