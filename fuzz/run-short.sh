@@ -20,7 +20,7 @@ fi
 export RUSTC_BOOTSTRAP=1
 
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(rpc_record rpc_call nfs3_args mount3_args portmap_args dispatch)
+[ ${#targets[@]} -gt 0 ] || targets=(rpc_record rpc_call nfs3_args mount3_args portmap_args dispatch file_handle exports_file)
 if [ -n "${FUZZ_RUNS:-}" ]; then
     limit=(-runs="$FUZZ_RUNS")
 else

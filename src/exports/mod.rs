@@ -4,7 +4,7 @@
 mod parse;
 mod squash;
 
-pub use parse::{parse_anon_id, parse_exports, ExportsError};
+pub use parse::{parse_anon_id, parse_exports, parse_exports_with, ExportsError};
 pub use squash::squash;
 
 use parking_lot::{Condvar, Mutex};

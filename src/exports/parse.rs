@@ -22,8 +22,20 @@ pub struct ExportsError {
     pub message: String,
 }
 
-/// Parses exports text. `file` is used in error messages.
+/// Parses exports text. `file` is used in error messages. Host names are resolved with
+/// the system resolver.
 pub fn parse_exports(text: &str, file: &str) -> Result<ExportTable, ExportsError> {
+    parse_exports_with(text, file, &resolve_host)
+}
+
+/// The addresses a host name of a rule stands for, from the system resolver.
+fn resolve_host(name: &str) -> Vec<IpAddr> {
+    (name, 0).to_socket_addrs().map(|a| a.map(|sa| sa.ip()).collect()).unwrap_or_default()
+}
+
+/// [`parse_exports`] with the host names of rules resolved by `resolve` (the fuzz target
+/// parses without asking any resolver).
+pub fn parse_exports_with(text: &str, file: &str, resolve: &dyn Fn(&str) -> Vec<IpAddr>) -> Result<ExportTable, ExportsError> {
     let mut table = ExportTable::default();
     let mut logical = String::new();
     let mut start_line = 0;
@@ -40,7 +52,7 @@ pub fn parse_exports(text: &str, file: &str) -> Result<ExportTable, ExportsError
         logical.push_str(line);
         let err = |message: String| ExportsError { file: file.to_string(), line: start_line, message };
         if !logical.trim().is_empty() {
-            let export = parse_line(&logical).map_err(err)?;
+            let export = parse_line(&logical, resolve).map_err(err)?;
             if table.exports.iter().any(|e| e.path == export.path) {
                 return Err(err(format!("{} is exported twice", export.path.display())));
             }
@@ -123,7 +135,7 @@ fn unescape_path(p: &str) -> Result<String, String> {
     String::from_utf8(out).map_err(|_| format!("path {p} is not valid UTF-8"))
 }
 
-fn parse_line(line: &str) -> Result<Export, String> {
+fn parse_line(line: &str, resolve: &dyn Fn(&str) -> Vec<IpAddr>) -> Result<Export, String> {
     let toks = tokens(line)?;
     let mut it = toks.into_iter().peekable();
     let path = unescape_path(&it.next().ok_or("missing export path")?)?;
@@ -158,7 +170,7 @@ fn parse_line(line: &str) -> Result<Export, String> {
         if let Some(o) = opts {
             apply_options(&mut options, o, &mut export_opts)?;
         }
-        rules.push(ClientRule { spec: parse_client(client)?, options });
+        rules.push(ClientRule { spec: parse_client(client, resolve)?, options });
     }
     if unused_defaults && !rules.is_empty() {
         tracing::warn!(export = %path, "options after the last client apply to no one: put them before the clients they are for");
@@ -191,7 +203,7 @@ struct PerExport {
     mountpoint: Option<Option<String>>,
 }
 
-fn parse_client(s: &str) -> Result<ClientSpec, String> {
+fn parse_client(s: &str, resolve: &dyn Fn(&str) -> Vec<IpAddr>) -> Result<ClientSpec, String> {
     if s.is_empty() || s == "*" {
         return Ok(ClientSpec::Anyone);
     }
@@ -226,7 +238,7 @@ fn parse_client(s: &str) -> Result<ClientSpec, String> {
     if !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_') {
         return Err(format!("bad client name {s:?}"));
     }
-    let addrs: Vec<IpAddr> = (s, 0).to_socket_addrs().map(|a| a.map(|sa| sa.ip()).collect()).unwrap_or_default();
+    let addrs = resolve(s);
     if addrs.is_empty() {
         tracing::warn!(host = s, "the host name resolves to no address: its rule admits no one");
     }

@@ -62,6 +62,11 @@ impl RpcProgram for Nfs3 {
         procedure != xdr::proc::NULL
     }
 
+    fn refused_unchanged(&self, _procedure: u32, status: u32) -> bool {
+        use xdr::Status;
+        [Status::Perm, Status::Access, Status::RoFs, Status::Stale, Status::BadHandle].iter().any(|s| *s as u32 == status)
+    }
+
     fn procedure_name(&self, _version: u32, procedure: u32) -> &'static str {
         xdr::proc::NAMES.get(procedure as usize).copied().unwrap_or("unknown")
     }

@@ -173,13 +173,15 @@ impl Dispatcher {
         }
         let reply = Arc::new(finish_record(w));
         if let Some(key) = &drc_key {
-            // Only a call that ran and succeeded is remembered. One that failed, was
-            // refused (a bad or stale handle, an address or identity not admitted, a
-            // read-only export) or was not decoded changed nothing, so its retransmit may
-            // run again: anyone can send such calls, and remembering them would let a
-            // stream of them push the replies of real calls out of the cache. One that
-            // panicked is better tried again than answered SYSTEM_ERR for good.
-            if ran && status.map_or(true, |s| s == 0) {
+            // Only a call that ran is remembered, and not one refused before it changed
+            // anything (a bad or stale handle, an address or identity not admitted, a
+            // read-only export) or not decoded: anyone can send such calls, and
+            // remembering them would push the replies of real calls out of the cache;
+            // run again, they are refused again. (A call that failed after a change, a
+            // REMOVE whose directory sync failed, is remembered: run again it would
+            // answer NOENT.) One that panicked is better tried again than answered
+            // SYSTEM_ERR for good.
+            if ran && !status.is_some_and(|s| program.refused_unchanged(ctx.procedure, s)) {
                 self.drc.complete(key, reply.clone());
             } else {
                 self.drc.abandon(key);

@@ -125,7 +125,8 @@ impl DuplicateRequestCache {
                 Lookup::Replay(reply.clone())
             }
             None => {
-                inner.make_room(self.capacity);
+                // Room is made when the call completes: a call that is refused or
+                // abandoned (which anyone can send) then never pushes out a real reply.
                 // Abandoned keys leave stale copies behind; drop them before they pile up.
                 if inner.order.len() >= 2 * self.capacity {
                     let Inner { entries, order, .. } = &mut *inner;
@@ -142,6 +143,8 @@ impl DuplicateRequestCache {
 
     pub fn complete(&self, key: &DrcKey, reply: Arc<Reply>) {
         let mut inner = self.inner.lock();
+        // This call's entry is still running, so it is not the one evicted.
+        inner.make_room(self.capacity + 1);
         if let Some(slot) = inner.entries.get_mut(key) {
             slot.entry = Entry::Done(reply);
         }
@@ -220,9 +223,11 @@ mod tests {
         assert_eq!(drc.begin(&k), Lookup::New);
         drc.complete(&k, reply(vec![7]));
         assert_eq!(drc.begin(&key(3, b"a")), Lookup::New);
-        // Full: the next call evicts the oldest live entry, 2, not k through the stale
-        // place of its first insertion.
+        drc.complete(&key(3, b"a"), reply(vec![3]));
+        // Full: the next call to complete evicts the oldest live entry, 2, not k through
+        // the stale place of its first insertion.
         assert_eq!(drc.begin(&key(4, b"a")), Lookup::New);
+        drc.complete(&key(4, b"a"), reply(vec![4]));
         assert_eq!(drc.begin(&k), Lookup::Replay(reply(vec![7])), "evicted through its stale place");
         assert_eq!(drc.begin(&key(2, b"a")), Lookup::New, "2 was the oldest");
     }
@@ -249,6 +254,20 @@ mod tests {
         for x in 0..3 {
             assert_eq!(drc.begin(&key(x, b"r")), Lookup::InProgress);
         }
+    }
+
+    #[test]
+    fn calls_that_are_abandoned_evict_nothing_from_a_full_cache() {
+        let drc = DuplicateRequestCache::new(4);
+        for x in 0..4 {
+            assert_eq!(drc.begin(&key(x, b"a")), Lookup::New);
+            drc.complete(&key(x, b"a"), reply(vec![x as u8]));
+        }
+        for x in 100..200 {
+            assert_eq!(drc.begin(&key(x, b"refused")), Lookup::New);
+            drc.abandon(&key(x, b"refused"));
+        }
+        assert_eq!(drc.begin(&key(0, b"a")), Lookup::Replay(reply(vec![0])), "the oldest real reply was pushed out");
     }
 
     #[test]

@@ -95,9 +95,14 @@ pub trait RpcProgram: Send + Sync {
     fn is_quick(&self, _version: u32, _procedure: u32, _args: &[u8]) -> bool {
         false
     }
-    /// Whether a successful reply's results begin with a status word: counted in metrics,
-    /// and a call with a status other than 0 is not kept by the duplicate request cache.
+    /// Whether a successful reply's results begin with a status word (counted in metrics).
     fn results_start_with_status(&self, _procedure: u32) -> bool {
+        false
+    }
+    /// Whether a reply with this status refused the call before it changed anything (a
+    /// bad or stale handle, a caller not admitted, a read-only export): such a reply is
+    /// not kept by the duplicate request cache, since anyone can cause one.
+    fn refused_unchanged(&self, _procedure: u32, _status: u32) -> bool {
         false
     }
     /// Short name of a procedure for logs and metrics.

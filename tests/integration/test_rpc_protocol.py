@@ -314,8 +314,9 @@ def test_drc_same_xid_other_args_or_other_client_is_a_new_call(srv, work):
 
 def test_refused_calls_do_not_push_real_replies_out_of_the_drc(tmp_path):
     """A call refused before it changed anything (here: handles that name nothing) is
-    not remembered: anyone can send such calls, and a stream of them must not evict the
-    reply of a real REMOVE, whose retransmit would otherwise run again (NOENT)."""
+    not remembered and makes no room: anyone can send such calls, and a stream of them
+    must not evict the reply of a real REMOVE from a full cache, whose retransmit would
+    otherwise run again (NOENT)."""
     export = make_export(tmp_path)
     (Path(export) / "victim").write_bytes(b"x")
     with Nasd(export, args=["--no-root-squash", "--drc-entries", "32"]) as n, \
@@ -324,6 +325,8 @@ def test_refused_calls_do_not_push_real_replies_out_of_the_drc(tmp_path):
         xid, msg = c.build(NFS_PROG, 3, rpc.NFSPROC3_REMOVE, nfs3_args.diropargs(root, "victim"))
         first = _send_same(c, msg, xid)
         assert decode_result(rpc.NFSPROC3_REMOVE, first).ok
+        for i in range(31):  # the cache is full
+            assert c.create(root, f"f{i}", how="guarded").ok
         for i in range(100):
             bogus = bytes([i]) * 32
             assert c.remove(bogus, "x").status in (rpc.NFS3ERR_BADHANDLE, rpc.NFS3ERR_STALE)
