@@ -4,7 +4,7 @@
 //! component, never following symlinks, and answers with the directory's file handle.
 
 use crate::exports::squash;
-use crate::rpc::{CallContext, ProcError, RpcProgram};
+use crate::rpc::{CallContext, ProcError, RpcProgram, Transport};
 use crate::server::state::ServerState;
 use crate::vfs::{FileKind, VfsError};
 use crate::xdr::{XdrReader, XdrResult, XdrWriter};
@@ -18,8 +18,9 @@ const MNTPATHLEN: usize = 1024;
 const MOUNTS_PER_CLIENT: usize = 64;
 const MOUNTS_LISTED: usize = 4096;
 /// Bytes of mount entries one DUMP reply carries at most: the list is informational, and
-/// its reply must not outgrow the others.
+/// its reply must not outgrow the others. Over UDP, what fits one datagram.
 const DUMP_REPLY_MAX: usize = 256 * 1024;
+const DUMP_DATAGRAM_MAX: usize = 60 * 1024;
 const AUTH_SYS: u32 = 1;
 
 /// Mount requests, which any peer can send (over UDP, from any source address), logged
@@ -171,11 +172,12 @@ impl Mount3 {
         mounts.insert(key);
     }
 
-    fn dump(&self, out: &mut XdrWriter) {
+    fn dump(&self, ctx: &CallContext, out: &mut XdrWriter) {
+        let max = if ctx.transport == Transport::Udp { DUMP_DATAGRAM_MAX } else { DUMP_REPLY_MAX };
         let mut bytes = 0;
         for (host, dir) in self.state.mounts.lock().iter() {
-            bytes += 12 + host.len() + dir.len();
-            if bytes > DUMP_REPLY_MAX {
+            bytes += 12 + crate::xdr::pad4(host.len()) + crate::xdr::pad4(dir.len());
+            if bytes > max {
                 break;
             }
             out.bool(true);
@@ -228,7 +230,7 @@ impl RpcProgram for Mount3 {
         match args {
             Args::Null => {}
             Args::Mnt(path) => self.mnt(ctx, path, out),
-            Args::Dump => self.dump(out),
+            Args::Dump => self.dump(ctx, out),
             Args::Umnt(path) => {
                 let path = listed_path(&String::from_utf8_lossy(path));
                 self.state.mounts.lock().remove(&(ctx.peer.ip().to_string(), path));

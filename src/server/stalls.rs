@@ -12,9 +12,10 @@
 //! and on reconnecting it retransmits, and the duplicate request cache answers the
 //! non-idempotent calls that already ran. A client that is slow but moving is not stalled:
 //! before closing, the kernel's counts for the socket are asked whether the client
-//! acknowledged any reply bytes since the stall began, or sent any data within the
-//! timeout (a slow reader may free too little of the send buffer for the server to send
-//! again, and a slow sender's request takes long to arrive whole).
+//! acknowledged enough reply bytes since the stall began, or sent enough of its request
+//! since the last look (a slow reader may free too little of the send buffer for the
+//! server to send again, and a slow sender's request takes long to arrive whole); enough
+//! is [`MIN_PROGRESS_PER_SEC`] per second of the timeout, so a byte now and then is not.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -23,6 +24,7 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
+use tokio::sync::Semaphore;
 
 /// How often callers waiting for a slot look for stalled connections (all of them
 /// together: one looks, the others wait).
@@ -50,11 +52,15 @@ pub struct TcpCounts {
     pub ms_since_data_received: u32,
 }
 
-/// What a connection holding slots must move, in one direction, per stall timeout, while
-/// others wait, to count as slow rather than stalled: a peer that trickles a byte every
-/// few seconds into a request (or takes a byte of its replies) would otherwise keep its
-/// slots for the whole write timeout. 64 KiB per 5 s is a link of about 100 kbit/s.
-const MIN_PROGRESS: u64 = 64 * 1024;
+/// What a connection holding slots must move, in one direction, per second of the stall
+/// timeout while others wait, to count as slow rather than stalled: a peer that trickles
+/// a byte every few seconds into a request (or takes a byte of its replies) would
+/// otherwise keep its slots for the whole write timeout. About 130 kbit/s.
+const MIN_PROGRESS_PER_SEC: u64 = 16 * 1024;
+
+fn min_progress(timeout: Duration) -> u64 {
+    MIN_PROGRESS_PER_SEC * timeout.as_secs().max(1)
+}
 
 /// `TCP_INFO` of a TCP socket: the fields at their offsets in `struct tcp_info` (stable
 /// kernel ABI; `bytes_acked` since Linux 4.1).
@@ -100,9 +106,12 @@ pub struct Progress {
     /// The bytes received from the client when a look found that request arriving for the
     /// timeout (`u64::MAX`: no look yet): the next look measures its progress from there.
     received_at_look: AtomicU64,
-    /// When the connection opened or its last request began to arrive: the one used
+    /// When the connection opened or its last request began to arrive: the idle one used
     /// least recently makes room when the connection limit is reached.
     last_request: AtomicU64,
+    /// The connection's request slots and how many it has: each call holds one from
+    /// before it is read until its reply is sent, and the reader one while it waits.
+    slots: OnceLock<(Arc<Semaphore>, usize)>,
     /// Closed by the watch already: not again.
     closing: AtomicBool,
     conn: OnceLock<Weak<dyn Watched>>,
@@ -146,6 +155,7 @@ impl Stalls {
             request_arriving: AtomicU64::new(0),
             received_at_look: AtomicU64::new(u64::MAX),
             last_request: AtomicU64::new(stamp()),
+            slots: OnceLock::new(),
             closing: AtomicBool::new(false),
             conn: OnceLock::new(),
         });
@@ -167,34 +177,38 @@ impl Stalls {
         self.close_stalled_at(now, except)
     }
 
-    /// At the connection limit: closes the connection whose last request is the oldest
-    /// (or that never sent one), as knfsd does, so that connections opened and left idle
-    /// cannot keep every client out until the idle timeout. Its client, if it is one,
-    /// reconnects when it next has a call. Returns whether one was closed.
+    /// At the connection limit: closes the idle connection (no call running, no reply
+    /// waiting) whose last request is the oldest, or that never sent one, as knfsd does,
+    /// so that connections opened and left idle cannot keep every client out until the
+    /// idle timeout. Its client, if it is one, reconnects when it next has a call; nothing
+    /// it waits for is lost. Returns whether one was closed.
     pub fn close_least_recently_used(&self) -> bool {
-        let oldest = {
-            let conns = self.conns.lock();
-            conns
-                .values()
-                .filter(|p| !p.closing.load(Ordering::Relaxed) && p.conn.get().is_some())
-                .min_by_key(|p| p.last_request.load(Ordering::Relaxed))
-                .cloned()
-        };
-        let Some(p) = oldest else { return false };
-        let Some(conn) = p.conn.get().and_then(Weak::upgrade) else { return false };
-        if p.closing.swap(true, Ordering::Relaxed) {
-            return false;
+        let mut idle: Vec<Arc<Progress>> = self
+            .conns
+            .lock()
+            .values()
+            .filter(|p| !p.closing.load(Ordering::Relaxed) && p.is_idle())
+            .cloned()
+            .collect();
+        idle.sort_by_key(|p| p.last_request.load(Ordering::Relaxed));
+        for p in idle {
+            let Some(conn) = p.conn.get().and_then(Weak::upgrade) else { continue };
+            if p.closing.swap(true, Ordering::Relaxed) {
+                continue;
+            }
+            if let Some(held_back) = EVICTIONS.allow() {
+                tracing::warn!(client = %p.peer, held_back, "connection limit reached: closing the idle connection used least recently");
+            }
+            conn.abort();
+            return true;
         }
-        if let Some(held_back) = EVICTIONS.allow() {
-            tracing::warn!(client = %p.peer, held_back, "connection limit reached: closing the connection used least recently");
-        }
-        conn.abort();
-        true
+        false
     }
 
     fn close_stalled_at(&self, now: u64, except: Option<u64>) -> usize {
         let Some(timeout) = self.timeout else { return 0 };
         let limit = timeout.as_nanos() as u64;
+        let min_progress = min_progress(timeout);
         let aged = |stamp: &AtomicU64| {
             let since = stamp.load(Ordering::Relaxed);
             since != 0 && now.saturating_sub(since) >= limit
@@ -217,7 +231,7 @@ impl Stalls {
                 match counts {
                     // The client took enough reply bytes since: slow, not stalled; a new
                     // stall would start from here.
-                    Some(c) if c.bytes_acked.saturating_sub(p.acked_at_stall.load(Ordering::Relaxed)) >= MIN_PROGRESS => {
+                    Some(c) if c.bytes_acked.saturating_sub(p.acked_at_stall.load(Ordering::Relaxed)) >= min_progress => {
                         p.acked_at_stall.store(c.bytes_acked, Ordering::Relaxed);
                         p.write_stalled.store(now, Ordering::Relaxed);
                     }
@@ -233,7 +247,7 @@ impl Stalls {
                     // every request a system call.)
                     Some(c)
                         if (c.ms_since_data_received as u128) < timeout.as_millis()
-                            && (base == u64::MAX || c.bytes_received.saturating_sub(base) >= MIN_PROGRESS) =>
+                            && (base == u64::MAX || c.bytes_received.saturating_sub(base) >= min_progress) =>
                     {
                         p.received_at_look.store(c.bytes_received, Ordering::Relaxed);
                         p.request_arriving.store(now, Ordering::Relaxed);
@@ -270,6 +284,17 @@ impl Registration<'_> {
 }
 
 impl Progress {
+    /// The connection's request slots, `count` of them, for telling whether it is idle.
+    pub fn count_slots(&self, slots: Arc<Semaphore>, count: usize) {
+        let _ = self.slots.set((slots, count));
+    }
+
+    /// No call running and no reply waiting: every slot free but the one its reader holds
+    /// while it waits for the next request.
+    fn is_idle(&self) -> bool {
+        self.slots.get().is_some_and(|(slots, count)| slots.available_permits() + 1 >= *count)
+    }
+
     /// A request has begun to arrive (it now holds a slot).
     pub fn request_arriving(&self) {
         let now = stamp();
@@ -374,13 +399,21 @@ mod tests {
     }
 
     #[test]
-    fn the_connection_used_least_recently_makes_room_once() {
+    fn the_idle_connection_used_least_recently_makes_room_once() {
         let stalls = Stalls::new(Duration::from_secs(5));
         let conns: Vec<Arc<FakeConn>> = (0..3).map(|_| Arc::new(FakeConn::default())).collect();
         let regs: Vec<Registration<'_>> = conns.iter().map(|c| watched(&stalls, c)).collect();
         for (reg, at) in regs.iter().zip([3 * SEC, SEC, 2 * SEC]) {
             reg.progress.last_request.store(at, Ordering::Relaxed);
+            reg.progress.count_slots(Arc::new(Semaphore::new(8)), 8);
         }
+        // The oldest is busy (a call running): passed over while it is.
+        let busy = Arc::new(Semaphore::new(8));
+        let running = busy.clone().try_acquire_many_owned(2).unwrap();
+        let busy_conn = Arc::new(FakeConn::default());
+        let busy_reg = watched(&stalls, &busy_conn);
+        busy_reg.progress.last_request.store(0, Ordering::Relaxed);
+        busy_reg.progress.count_slots(busy, 8);
         let aborted = || conns.iter().map(|c| c.aborted.load(Ordering::SeqCst)).collect::<Vec<_>>();
         assert!(stalls.close_least_recently_used());
         assert_eq!(aborted(), [0, 1, 0]);
@@ -388,8 +421,11 @@ mod tests {
         assert!(stalls.close_least_recently_used());
         assert_eq!(aborted(), [0, 1, 1]);
         assert!(stalls.close_least_recently_used());
-        assert!(!stalls.close_least_recently_used(), "nothing left to close");
+        assert!(!stalls.close_least_recently_used(), "nothing idle left to close");
         assert_eq!(aborted(), [1, 1, 1]);
+        drop(running);
+        assert!(stalls.close_least_recently_used(), "idle once its call is answered");
+        assert_eq!(busy_conn.aborted.load(Ordering::SeqCst), 1);
     }
 
     #[test]
@@ -402,12 +438,13 @@ mod tests {
         slow_reader.progress.write_blocked(|| Some(1000));
         slow_reader.progress.write_stalled.store(SEC, Ordering::Relaxed);
         slow_sender.progress.request_arriving.store(SEC, Ordering::Relaxed);
-        // The reader acknowledged 64 KiB since its stall began (without freeing enough of
+        const MIN_PROGRESS: u64 = 5 * MIN_PROGRESS_PER_SEC;
+        // The reader acknowledged enough since its stall began (without freeing enough of
         // the send buffer for another send); the sender's last data came 1 s ago.
         *reader.counts.lock() = counts(1000 + MIN_PROGRESS, 60_000);
         *sender.counts.lock() = received(1_000_000, 1000);
         assert_eq!(stalls.close_stalled_at(10 * SEC, None), 0);
-        // Each stall starts over from that look: both move 64 KiB more...
+        // Each stall starts over from that look: both move as much again...
         *reader.counts.lock() = counts(1000 + 2 * MIN_PROGRESS, 60_000);
         *sender.counts.lock() = received(1_000_000 + MIN_PROGRESS, 1000);
         assert_eq!(stalls.close_stalled_at(15 * SEC, None), 0);

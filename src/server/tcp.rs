@@ -439,19 +439,30 @@ pub(crate) async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         };
         let slot = match shared.connections.clone().try_acquire_owned() {
             Ok(slot) => Some(slot),
-            Err(_) if shared.stalls.close_least_recently_used() => {
-                tokio::time::timeout(ROOM_WAIT, shared.connections.clone().acquire_owned()).await.ok().and_then(Result::ok)
+            Err(_) if shared.stalls.close_least_recently_used() => None,
+            Err(_) => {
+                if let Some(held_back) = REFUSED.allow() {
+                    tracing::warn!(client = %peer, held_back, "connection refused: max_connections reached and every connection busy");
+                }
+                continue;
             }
-            Err(_) => None,
-        };
-        let Some(slot) = slot else {
-            if let Some(held_back) = REFUSED.allow() {
-                tracing::warn!(client = %peer, held_back, "connection refused: max_connections reached");
-            }
-            continue;
         };
         let shared = shared.clone();
         tokio::spawn(async move {
+            // At the limit, the connection closed to make room frees its place as its
+            // task ends; this one waits for it here, not in the accept loop.
+            let slot = match slot {
+                Some(slot) => slot,
+                None => match tokio::time::timeout(ROOM_WAIT, shared.connections.clone().acquire_owned()).await {
+                    Ok(Ok(slot)) => slot,
+                    _ => {
+                        if let Some(held_back) = REFUSED.allow() {
+                            tracing::warn!(client = %peer, held_back, "connection refused: max_connections reached");
+                        }
+                        return;
+                    }
+                },
+            };
             shared.metrics.connection_opened();
             if let Err(e) = serve_connection(stream, peer, &shared).await {
                 tracing::debug!(client = %peer, error = %e, "connection closed");
@@ -512,6 +523,7 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
     let mut writer = tokio::spawn(drain_replies(sink.clone(), write_timeout, peer));
     let per_conn = shared.limits.max_requests_per_connection.max(1);
     let conn_slots = Arc::new(Semaphore::new(per_conn));
+    progress.count_slots(conn_slots.clone(), per_conn);
     let idle = Duration::from_secs(shared.limits.idle_timeout_secs);
     // Once a request starts arriving it holds a global slot, so it must finish arriving
     // promptly (a slowloris client must not keep slots for the idle timeout).

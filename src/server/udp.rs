@@ -31,7 +31,7 @@ pub(crate) async fn serve(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
         let shared = shared.clone();
         let socket = socket.clone();
         tokio::task::spawn_blocking(move || {
-            let local = reply_source(local, peer);
+            let local = if is_portmap_call(&buf) { reply_source(local, peer) } else { local };
             if let Some(reply) = shared.dispatcher.handle(&buf, peer, local, Transport::Udp) {
                 // Datagrams carry no record mark; procedures never leave data in files for UDP.
                 let body = &reply.bytes[4..];
@@ -53,10 +53,18 @@ pub(crate) async fn serve(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
     }
 }
 
-/// The address a reply to `peer` leaves from, which portmap hands out as the server's:
-/// the socket's own, or, where it listens on every address, the one the kernel routes to
-/// `peer` from (asked of a UDP socket connected to `peer`, which sends nothing). A
-/// connected TCP socket knows its address; a datagram does not say which one it came to.
+/// Whether a datagram is a call to portmap (program 100000 at byte 12), whose GETADDR
+/// and DUMP hand out the server's address.
+fn is_portmap_call(datagram: &[u8]) -> bool {
+    datagram.get(12..16) == Some(&crate::portmap::PROGRAM.to_be_bytes()[..])
+}
+
+/// The address portmap hands out to `peer` as the server's: the socket's own, or, where
+/// it listens on every address, the source address the kernel routes replies to `peer`
+/// from (asked of a UDP socket connected to `peer`, which sends nothing). A connected TCP
+/// socket knows the address it was reached on; a datagram does not say. On a host with
+/// several addresses in one subnet the routed one may differ from the one the client
+/// called, where `IP_PKTINFO` would tell; it is not 0.0.0.0, which names no host.
 fn reply_source(local: SocketAddr, peer: SocketAddr) -> SocketAddr {
     if !local.ip().is_unspecified() {
         return local;

@@ -11,49 +11,60 @@
 //! object may be dropped on a thread that must not wait for the disk.
 
 use super::{sys, LocalFs};
-use std::os::fd::OwnedFd;
-use std::sync::mpsc::{channel, Sender};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::{Arc, OnceLock, Weak};
 
 type Job = (Arc<OwnedFd>, Weak<LocalFs>);
 
+/// Descriptors waiting for their check. Where the disk is so slow that more pile up, a
+/// descriptor is closed unchecked and the verifier renewed instead: clients resend what
+/// they have not seen committed, which is always safe, and nobody waits.
+const QUEUE: usize = 1024;
+
 /// Checks `fd`, which `owner` wrote through, and closes it (once no request uses it).
+/// Never blocks: it may run where a cache lock is held.
 pub fn check_and_close(fd: Arc<OwnedFd>, owner: Weak<LocalFs>) {
-    static CHECKER: OnceLock<Option<Mutex<Sender<Job>>>> = OnceLock::new();
+    static CHECKER: OnceLock<Option<SyncSender<Job>>> = OnceLock::new();
+    // A removed file's data can never be committed: nothing to vouch for, and its space
+    // is freed at once.
+    if sys::fstat(fd.as_raw_fd()).map_or(true, |st| st.st_nlink == 0) {
+        return;
+    }
     let checker = CHECKER.get_or_init(|| {
-        let (tx, rx) = channel::<Job>();
+        let (tx, rx) = sync_channel::<Job>(QUEUE);
         let spawned = std::thread::Builder::new().name("nasd-close-check".into()).spawn(move || {
             for (fd, owner) in rx {
                 check(&fd, &owner);
             }
         });
         match spawned {
-            Ok(_) => Some(Mutex::new(tx)),
+            Ok(_) => Some(tx),
             Err(e) => {
-                tracing::warn!(error = %e, "cannot start the close checker: files are checked where they are closed");
+                tracing::warn!(error = %e, "cannot start the close checker: written files are closed unchecked, each with a new write verifier");
                 None
             }
         }
     });
-    let job = (fd, owner);
     let unsent = match checker {
-        Some(tx) => tx.lock().unwrap_or_else(|p| p.into_inner()).send(job).err().map(|e| e.0),
-        None => Some(job),
+        Some(tx) => match tx.try_send((fd, owner)) {
+            Ok(()) => return,
+            Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) => job,
+        },
+        None => (fd, owner),
     };
-    if let Some((fd, owner)) = unsent {
-        check(&fd, &owner);
+    if let Some(fs) = unsent.1.upgrade() {
+        fs.renew_write_verifier();
     }
 }
 
 fn check(fd: &OwnedFd, owner: &Weak<LocalFs>) {
-    // A removed file's data can never be committed: nothing to vouch for.
-    if sys::fstat(std::os::fd::AsRawFd::as_raw_fd(fd)).map_or(true, |st| st.st_nlink == 0) {
-        return;
-    }
     if let Err(e) = sys::write_and_wait(fd) {
         if let Some(fs) = owner.upgrade() {
-            tracing::warn!(error = %e, "a file leaving the cache had a writeback error");
+            // First the verifier: from here on a COMMIT through a new descriptor hears
+            // nothing of this error, and must not answer with the old one.
             fs.renew_write_verifier();
+            tracing::warn!(error = %e, "a file leaving the cache had a writeback error");
         }
     }
 }
