@@ -264,6 +264,27 @@ def closed_within(s, secs):
         return False
 
 
+def half_sent_requests(srv, n):
+    """`n` connections that each send a record mark for 200 bytes, then 8 of them."""
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        s.sendall(struct.pack(">I", 0x80000000 | 200) + b"\0" * 8)
+        socks.append(s)
+    return socks
+
+
+def answered_after(srv, root, behind):
+    """Seconds a new client waits for a GETATTR behind connections that `behind`."""
+    started = time.monotonic()
+    with Nfs3Client("127.0.0.1", srv.port, cred=auth_sys(0, 0), timeout=20) as c:
+        assert c.getattr(root).status == NFS3_OK
+    waited = time.monotonic() - started
+    print(f"connections that {behind}: a new client was answered after {waited:.1f} s")
+    assert waited < 10, f"a new client waited {waited:.1f} s behind connections that {behind}"
+    return waited
+
+
 def test_stalled_connections_are_closed_when_others_need_their_slots(tmp_path):
     """Clients that hold every global request slot without progress, in both ways a
     connection can: two that pipeline 1 MiB READs and never read a reply, then sixteen
@@ -277,18 +298,9 @@ def test_stalled_connections_are_closed_when_others_need_their_slots(tmp_path):
         try:
             for attack, hogs in (("stopped reading", not_reading), ("stopped sending", not_sending)):
                 if attack == "stopped sending":
-                    for _ in range(16):
-                        s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
-                        # A record mark for 200 bytes, then 8 of them.
-                        s.sendall(struct.pack(">I", 0x80000000 | 200) + b"\0" * 8)
-                        hogs.append(s)
+                    hogs += half_sent_requests(srv, 16)
                 time.sleep(0.5)  # every slot taken
-                started = time.monotonic()
-                with Nfs3Client("127.0.0.1", srv.port, cred=auth_sys(0, 0), timeout=20) as c:
-                    assert c.getattr(root).status == NFS3_OK
-                waited = time.monotonic() - started
-                print(f"clients that {attack}: a new client was answered after {waited:.1f} s")
-                assert waited < 10, f"a new client waited {waited:.1f} s behind connections that {attack}"
+                answered_after(srv, root, attack)
                 # Because stalled connections were closed (those stalled long enough
                 # when it had waited; the rest keep their slots while nobody waits).
                 closed = sum(closed_within(s, 2.0) for s in hogs)
@@ -319,18 +331,10 @@ def test_connections_that_trickle_requests_are_closed_when_others_need_their_slo
 
         mover = threading.Thread(target=trickle)
         try:
-            for _ in range(16):
-                s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
-                s.sendall(struct.pack(">I", 0x80000000 | 200) + b"\0" * 8)
-                hogs.append(s)
+            hogs += half_sent_requests(srv, 16)
             mover.start()
             time.sleep(1.0)  # every slot taken, every request moving a byte at a time
-            started = time.monotonic()
-            with Nfs3Client("127.0.0.1", srv.port, cred=auth_sys(0, 0), timeout=20) as c:
-                assert c.getattr(root).status == NFS3_OK
-            waited = time.monotonic() - started
-            print(f"connections trickling requests: a new client was answered after {waited:.1f} s")
-            assert waited < 10, f"a new client waited {waited:.1f} s behind connections trickling requests"
+            answered_after(srv, root, "trickle their requests")
             closed = sum(closed_within(s, 2.0) for s in hogs)
             print(f"  {closed} of {len(hogs)} such connections closed")
             assert closed >= 1
