@@ -3,11 +3,13 @@
 //! log too.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::OnceLock;
+use std::time::Instant;
 
 pub struct Throttle {
     every_secs: u64,
-    /// Seconds since the epoch when the next line may go out.
+    /// Seconds since the first use of any throttle (a monotonic clock: a clock step must
+    /// not silence the log) when the next line may go out.
     next: AtomicU64,
     held_back: AtomicU64,
 }
@@ -19,8 +21,8 @@ impl Throttle {
 
     /// `Some(n)`: log this one, saying `n` were held back since the last; `None`: don't.
     pub fn allow(&self) -> Option<u64> {
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        self.allow_at(now)
+        static START: OnceLock<Instant> = OnceLock::new();
+        self.allow_at(START.get_or_init(Instant::now).elapsed().as_secs())
     }
 
     fn allow_at(&self, now: u64) -> Option<u64> {
