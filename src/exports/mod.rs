@@ -372,78 +372,83 @@ mod tests {
         assert_eq!(names.len(), 4, "nothing young is dropped while there is room");
     }
 
+    type Answer = Result<Option<String>, NameNotResolved>;
+
+    /// Holds one caller's lookup of `ip` (which will answer `answer`) while `during` runs
+    /// on this thread; `during` gets a way to call as another caller (whose own lookups
+    /// answer no name) and one to let the held lookup answer. Returns the held caller's
+    /// result and the number of lookups made in all.
+    fn while_a_lookup_is_held(
+        names: &NameCache,
+        ip: IpAddr,
+        answer: &str,
+        during: impl FnOnce(&(dyn Fn(bool) -> Answer + Sync), &dyn Fn()),
+    ) -> (Answer, usize) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let lookups = AtomicUsize::new(0);
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let held = std::thread::scope(|scope| {
+            let lookups = &lookups;
+            let held = scope.spawn(move || {
+                cached_name(names, ip, true, |_| {
+                    lookups.fetch_add(1, Ordering::SeqCst);
+                    started_tx.send(()).unwrap();
+                    release_rx.recv().unwrap();
+                    Some(answer.to_string())
+                })
+            });
+            started_rx.recv().unwrap();
+            let other = |may_resolve: bool| {
+                cached_name(names, ip, may_resolve, |_| {
+                    lookups.fetch_add(1, Ordering::SeqCst);
+                    None
+                })
+            };
+            let release = || release_tx.send(()).unwrap();
+            during(&other, &release);
+            held.join().unwrap()
+        });
+        (held, lookups.load(Ordering::SeqCst))
+    }
+
     #[test]
     fn an_expired_name_is_resolved_again_by_one_caller_while_the_others_use_it() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
         let names = NameCache::default();
         let ip: IpAddr = "10.1.2.3".parse().unwrap();
         let stale = Instant::now() - NAME_TTL - Duration::from_secs(1);
         names.state.lock().known.insert(ip, KnownName { name: Some("old.example".into()), at: stale, refreshing: false });
         // Inline callers (that may not wait) are sent to a thread for an expired name.
         assert_eq!(cached_name(&names, ip, false, |_| unreachable!()), Err(NameNotResolved));
-        let lookups = AtomicUsize::new(0);
-        let (started_tx, started_rx) = std::sync::mpsc::channel();
-        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-        std::thread::scope(|scope| {
-            let (names, lookups) = (&names, &lookups);
-            let refresher = scope.spawn(move || {
-                cached_name(names, ip, true, |_| {
-                    lookups.fetch_add(1, Ordering::SeqCst);
-                    started_tx.send(()).unwrap();
-                    release_rx.recv().unwrap();
-                    Some("new.example".into())
-                })
-            });
-            started_rx.recv().unwrap();
+        let (held, lookups) = while_a_lookup_is_held(&names, ip, "new.example", |other, release| {
             // While it resolves, every other caller gets the name it had, at once.
             for may_resolve in [true, false] {
-                let got = cached_name(names, ip, may_resolve, |_| {
-                    lookups.fetch_add(1, Ordering::SeqCst);
-                    None
-                });
-                assert_eq!(got, Ok(Some("old.example".into())));
+                assert_eq!(other(may_resolve), Ok(Some("old.example".into())));
             }
-            release_tx.send(()).unwrap();
-            assert_eq!(refresher.join().unwrap(), Ok(Some("new.example".into())));
+            release();
         });
-        assert_eq!(lookups.load(Ordering::SeqCst), 1, "one lookup for all callers");
+        assert_eq!(held, Ok(Some("new.example".into())));
+        assert_eq!(lookups, 1, "one lookup for all callers");
         assert_eq!(cached_name(&names, ip, false, |_| unreachable!()), Ok(Some("new.example".into())));
     }
 
     #[test]
     fn a_new_client_is_looked_up_once_and_the_others_wait_for_that_answer() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
         let names = NameCache::default();
         let ip: IpAddr = "10.1.2.4".parse().unwrap();
-        let lookups = AtomicUsize::new(0);
-        let (started_tx, started_rx) = std::sync::mpsc::channel();
-        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-        std::thread::scope(|scope| {
-            let (names, lookups) = (&names, &lookups);
-            let first = scope.spawn(move || {
-                cached_name(names, ip, true, |_| {
-                    lookups.fetch_add(1, Ordering::SeqCst);
-                    started_tx.send(()).unwrap();
-                    release_rx.recv().unwrap();
-                    Some("host.example".into())
-                })
-            });
-            started_rx.recv().unwrap();
+        let (held, lookups) = while_a_lookup_is_held(&names, ip, "host.example", |other, release| {
             // An inline caller is sent to a thread; a caller on a thread waits.
-            assert_eq!(cached_name(names, ip, false, |_| unreachable!()), Err(NameNotResolved));
-            let second = scope.spawn(move || {
-                cached_name(names, ip, true, |_| {
-                    lookups.fetch_add(1, Ordering::SeqCst);
-                    None
-                })
+            assert_eq!(other(false), Err(NameNotResolved));
+            std::thread::scope(|scope| {
+                let second = scope.spawn(|| other(true));
+                std::thread::sleep(Duration::from_millis(50));
+                assert!(!second.is_finished(), "the second caller did not wait for the first lookup");
+                release();
+                assert_eq!(second.join().unwrap(), Ok(Some("host.example".into())));
             });
-            std::thread::sleep(Duration::from_millis(50));
-            assert!(!second.is_finished(), "the second caller did not wait for the first lookup");
-            release_tx.send(()).unwrap();
-            assert_eq!(first.join().unwrap(), Ok(Some("host.example".into())));
-            assert_eq!(second.join().unwrap(), Ok(Some("host.example".into())));
         });
-        assert_eq!(lookups.load(Ordering::SeqCst), 1, "one lookup for both callers");
+        assert_eq!(held, Ok(Some("host.example".into())));
+        assert_eq!(lookups, 1, "one lookup for both callers");
     }
 
     fn rule(spec: ClientSpec, ro: bool) -> ClientRule {
