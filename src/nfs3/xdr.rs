@@ -216,7 +216,9 @@ impl<'a> Args<'a> {
                     let count = r.u32()?;
                     let stable = stable_how(r.u32()?)?;
                     let data = r.opaque(MAX_IO as usize)?;
-                    if (count as usize) < data.len() {
+                    // A count that differs from the data sent is a broken or hostile client;
+                    // writing either length could store what the client did not mean.
+                    if count as usize != data.len() {
                         return Err(XdrError::BadValue { what: "write count", value: count });
                     }
                     Args::Write { fh, offset, stable, data }
@@ -404,6 +406,16 @@ mod tests {
         w.u32(7); // bad stable_how
         w.opaque(b"x");
         assert!(Args::decode(proc::WRITE, &mut XdrReader::new(w.as_slice())).unwrap().is_err());
+        for count in [0, 1, 3, u32::MAX] {
+            let mut w = XdrWriter::new();
+            w.opaque(&[1; 8]);
+            w.u64(0);
+            w.u32(count);
+            w.u32(0);
+            w.opaque(b"xy");
+            let decoded = Args::decode(proc::WRITE, &mut XdrReader::new(w.as_slice())).unwrap();
+            assert!(decoded.is_err(), "count {count} with 2 bytes of data was accepted");
+        }
     }
 
     #[test]

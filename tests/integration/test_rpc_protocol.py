@@ -420,6 +420,19 @@ def test_exclusive_create_verifier(srv, work):
         assert c.create(dfh, "plain", how="exclusive", verf=v1).status == rpc.NFS3ERR_EXIST
 
 
+@pytest.mark.parametrize("proto", PROTOS)
+def test_write_whose_count_disagrees_with_its_data_is_garbage_args(srv, work, proto):
+    path, dfh = work
+    (path / "f").write_bytes(b"original")
+    with Nfs3Client(srv.host, srv.port, proto=proto, cred=ROOT) as c:
+        fh = c.lookup(dfh, "f").fh
+        for count in (3, 9, 0xFFFFFFFF):  # the data below is 5 bytes
+            args = Packer().opaque(fh).u64(0).u32(count).u32(rpc.FILE_SYNC).opaque(b"WRONG").bytes()
+            r = c.call(NFS_PROG, 3, rpc.NFSPROC3_WRITE, args)
+            assert r.accepted and r.accept_stat == rpc.GARBAGE_ARGS, f"count {count}"
+    assert (path / "f").read_bytes() == b"original"
+
+
 # ------------------------------------------------------------ write stability
 
 def test_write_stability_and_verifier(tmp_path):
