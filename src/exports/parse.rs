@@ -232,7 +232,7 @@ fn parse_client(s: &str, resolve: &dyn Fn(&str) -> Vec<IpAddr>) -> Result<Client
     if let Ok(ip) = s.parse::<IpAddr>() {
         return Ok(ClientSpec::Address(ip));
     }
-    if s.contains(['*', '?']) {
+    if s.contains(['*', '?', '[']) {
         return Ok(ClientSpec::Wildcard(s.to_string()));
     }
     if !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_') {
@@ -332,6 +332,8 @@ mod tests {
         assert_eq!(t.exports[3].path, PathBuf::from("/srv/d e"));
         assert!(matches!(t.exports[3].rules[0].spec, ClientSpec::Host(ref h, _) if h == "localhost"));
         assert!(parse_exports("/a fsid=7", "ex").unwrap_err().message.contains("bad client name"));
+        let classes = parse_exports("/a node[0-9].lab(rw)", "ex").unwrap();
+        assert_eq!(classes.exports[0].rules[0].spec, ClientSpec::Wildcard("node[0-9].lab".into()));
     }
 
     #[test]
