@@ -12,6 +12,8 @@ packages=(
   nfs-ganesha nfs-ganesha-vfs rpcbind       # the peer server
   fonts-dejavu-core                         # text in benchmark plots
   strace procps
+  nfs-common                                # showmount, for the MOUNT protocol checks
+  python3 python3-pytest                    # the test runner
 )
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -37,6 +39,7 @@ if ! command -v cargo >/dev/null; then
   echo "install-deps: cargo is missing; install a Rust toolchain (1.75 or newer)" >&2
   exit 1
 fi
+# A python3 ahead of Debian's on PATH (a pyenv, a venv) needs pytest of its own.
 if ! python3 -c 'import pytest' 2>/dev/null; then
-  python3 -m pip install --quiet pytest || apt-get install -y -qq python3-pytest >/dev/null
+  python3 -m pip install --quiet pytest
 fi

@@ -17,6 +17,8 @@ pub mod nfs3;
 pub mod portmap;
 pub mod rpc;
 pub mod server;
+#[cfg(test)]
+pub mod testing;
 pub mod throttle;
 pub mod vfs;
 pub mod xdr;

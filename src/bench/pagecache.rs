@@ -172,7 +172,7 @@ mod tests {
 
         let dir = tempfile::tempdir().unwrap();
         if on_tmpfs(dir.path()) {
-            eprintln!("skipped: tmpfs keeps its pages through POSIX_FADV_DONTNEED, so no state can be set there");
+            crate::testing::skip("tmpfs keeps its pages through POSIX_FADV_DONTNEED, so no state can be set there");
             return;
         }
         let path = dir.path().join("f");

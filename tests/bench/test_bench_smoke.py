@@ -10,21 +10,18 @@ raw fio JSON exist, and that the plots are valid PNG files.
 """
 
 import json
-import os
 import shutil
 import struct
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `import rig`
 
 from rig.fio import fio_binary  # noqa: E402
+from rig.nasd import default_binary  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
-NASD = Path(os.environ.get("NASD_BINARY", REPO / "target" / "release" / "nasd"))
+NASD = default_binary()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -54,7 +51,6 @@ def png_size(path):
     return w, h
 
 
-@pytest.mark.skipif(not NASD.exists(), reason="build nasd first: cargo build --release")
 def test_bench_smoke(tmp_path):
     out = tmp_path / "report"
     targets = ["nasd"] + (["ganesha"] if shutil.which("ganesha.nfsd") else [])
@@ -118,7 +114,6 @@ def bench_results(out, *args):
     return p.stderr, json.loads((out / "results.json").read_text())
 
 
-@pytest.mark.skipif(not NASD.exists(), reason="build nasd first: cargo build --release")
 def test_bench_parallel_metadata(tmp_path):
     """The metadata suite's parallel jobs against nasd and the local disk: eight nfsh
     processes create 5000 files at once, each in a directory of its own, then remove them.
@@ -148,7 +143,6 @@ def test_bench_parallel_metadata(tmp_path):
         assert max(c["started"] for c in clients) < min(c["ended"] for c in clients), clients
 
 
-@pytest.mark.skipif(not NASD.exists(), reason="build nasd first: cargo build --release")
 def test_bench_repeats_metadata_steps_each_in_a_directory_of_its_own(tmp_path):
     """With --repeat, the metadata steps run again as a whole, and each repetition works
     in a directory of its own: `--only readdir` runs create and readdir, which leave their

@@ -16,11 +16,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `import rig`
 
-from rig.nasd import Nasd, default_binary  # noqa: E402
+from rig.nasd import Nasd  # noqa: E402
 from rig.nfsh import nfsh, NfshError  # noqa: E402
-
-pytestmark = pytest.mark.skipif(not default_binary().exists(),
-                                reason="build nasd first: cargo build --release")
 
 
 def snapshot(root: Path):

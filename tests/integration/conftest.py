@@ -1,24 +1,6 @@
-"""Fixtures for the host-side integration tests (tests/integration/).
+"""Host-side integration tests (tests/integration/); tests/conftest.py builds nasd."""
 
-The nasd binary is built once per session (``cargo build --release``) when
-``target/release/nasd`` (or ``$NASD_BINARY``) is missing.
-"""
-
-import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `import rig`
-
-from rig.nasd import REPO, default_binary  # noqa: E402
-
-
-@pytest.fixture(scope="session", autouse=True)
-def nasd_binary():
-    b = default_binary()
-    if not b.exists():
-        subprocess.run(["cargo", "build", "--release"], cwd=REPO, check=True)
-    assert b.exists(), f"{b} missing after cargo build --release"
-    return b
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `import rig`, `integration._common`

@@ -48,7 +48,7 @@ for p in (str(TESTS), str(HERE)):
         sys.path.insert(0, p)
 
 from rig import vm  # noqa: E402
-from rig.nasd import Nasd, default_binary  # noqa: E402
+from rig.nasd import Nasd  # noqa: E402
 from rig.netns import Netns  # noqa: E402
 import posix_helpers as ph  # noqa: E402
 
@@ -67,8 +67,6 @@ def _prereq_skip() -> str | None:
     cached = (vm.default_cache_dir() / f"image-{vm.recipe_hash()}" / "recipe").exists()
     if not cached and not (shutil.which("debootstrap") and shutil.which("mke2fs")):
         return "debootstrap/mke2fs missing: apt-get install debootstrap e2fsprogs"
-    if not default_binary().exists():
-        return "nasd binary not built: run cargo build --release (or set NASD_BINARY)"
     return None
 
 

@@ -100,8 +100,6 @@ def _stop(proc: subprocess.Popen, timeout: float = 10) -> None:
 
 @contextlib.contextmanager
 def _nasd(ns: Netns, export: Path, logdir: Path):
-    if not NASD.exists():
-        pytest.skip("nasd binary not built: run cargo build --release")
     port = 2049
     log = open(logdir / "nasd.log", "wb")
     proc = ns.popen([str(NASD), "serve", str(export), "--listen", f"127.0.0.1:{port}",

@@ -93,8 +93,6 @@ def _prereq_skip() -> str | None:
     cached = (vm.default_cache_dir() / f"image-{vm.recipe_hash()}" / "recipe").exists()
     if not cached and not shutil.which("debootstrap"):
         return "no cached guest image and debootstrap missing: apt-get install debootstrap"
-    if not default_binary().exists():
-        return "nasd binary not built: run cargo build --release (or set NASD_BINARY)"
     return None
 
 

@@ -31,7 +31,6 @@ from rig.nfsh import (nfsh, nfsh_lines, nfsh_popen, nfsh_binary, NfshError,  # n
 from rig.nasd import Nasd, NasdError, free_port  # noqa: E402
 from rig import libnfs_tools  # noqa: E402
 
-RIG = Path(__file__).resolve().parent
 IS_ROOT = os.geteuid() == 0
 
 
@@ -215,10 +214,7 @@ def test_nasd_launcher_reports_early_exit(tmp_path, fake_nasd):
 
 
 def test_nasd_launcher_in_netns(tmp_path, fake_nasd):
-    try:
-        from rig.netns import Netns
-    except ImportError:
-        pytest.skip("rig/netns.py not available")
+    from rig.netns import Netns
     if not IS_ROOT or not shutil.which("ip"):
         pytest.skip("netns needs root and iproute2")
     with Netns() as ns, Nasd(tmp_path, netns=ns, binary=fake_nasd) as srv:
@@ -231,8 +227,6 @@ def test_nasd_launcher_in_netns(tmp_path, fake_nasd):
 # ------------------------------------------------ end to end vs Ganesha
 
 def _ganesha_cls():
-    if not (RIG / "ganesha.py").exists():
-        pytest.skip("tests/rig/ganesha.py not present")
     if not shutil.which("ganesha.nfsd"):
         pytest.skip("ganesha.nfsd not installed (apt-get install nfs-ganesha nfs-ganesha-vfs)")
     if not IS_ROOT:
@@ -372,10 +366,7 @@ def test_e2e_hold_and_read_survives_ganesha_restart(tmp_path):
 def test_e2e_tools_inside_netns_against_ganesha(tmp_path):
     """nfsh / fio / nfs-ls with netns=: how tests reach a Nasd(netns=ns)."""
     Ganesha = _ganesha_cls()
-    try:
-        from rig.netns import Netns
-    except ImportError:
-        pytest.skip("rig/netns.py not available")
+    from rig.netns import Netns
     export = tmp_path / "exp"
     export.mkdir()
     (export / "f").write_bytes(pattern_bytes(4096, 1))

@@ -209,7 +209,7 @@ mod tests {
     /// per thread), where this process is root; elsewhere says why the test is skipped.
     fn on_own_thread_as_root(needs: &str, f: impl FnOnce() + Send + 'static) {
         if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: needs root ({needs})");
+            crate::testing::skip(&format!("needs root ({needs})"));
             return;
         }
         std::thread::spawn(f).join().expect("thread");

@@ -1447,7 +1447,7 @@ mod tests {
             }
             return;
         }
-        eprintln!("skipped: this file system never reused an inode number at once, so reuse could not be provoked");
+        crate::testing::skip("this file system never reused an inode number at once, so reuse could not be provoked");
     }
 
     #[test]
@@ -1572,7 +1572,7 @@ mod tests {
     #[test]
     fn batched_listing_looks_at_entries_as_the_caller() {
         if !creds::init() {
-            eprintln!("skipped: switching identities needs root");
+            crate::testing::skip("switching identities needs root");
             return;
         }
         let (dir, fs) = export();
@@ -1651,7 +1651,7 @@ mod tests {
     #[test]
     fn entries_looked_at_ahead_are_served_only_while_nothing_can_have_changed_them() {
         if listing_helpers().is_none() {
-            eprintln!("skipped: one core, so listings are not looked at ahead");
+            crate::testing::skip("one core, so listings are not looked at ahead");
             return;
         }
         // Written by another program, in a directory that did not change: the entries were
