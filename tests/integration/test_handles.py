@@ -41,11 +41,24 @@ def test_hold_and_read_across_restart(tmp_path):
     with Nasd(export, args=["--no-root-squash"]) as n:
         proc = nfsh_popen(n.url(), "hold-and-read", "/f", 7)
         try:
-            time.sleep(2.0)
+            printed, first_read = [], threading.Event()
+
+            def pump():
+                for line in proc.stdout:
+                    printed.append(line)
+                    first_read.set()
+                first_read.set()
+
+            reader = threading.Thread(target=pump, daemon=True)
+            reader.start()
+            # Restart only once a read through the handle has been answered.
+            assert first_read.wait(60) and printed, f"nfsh read nothing: {proc.stderr.read() if proc.poll() is not None else ''}"
             t_stop = time.time()
             n.restart()
             t_up = time.time()
-            out, err = proc.communicate(timeout=90)
+            proc.wait(timeout=90)
+            reader.join(10)
+            out, err = "".join(printed), proc.stderr.read()
         finally:
             if proc.poll() is None:
                 proc.kill()

@@ -26,7 +26,7 @@ import struct
 import threading
 import time
 
-from rig.rpc import Nfs3Client, auth_sys, NFS3_OK, RpcError
+from rig.rpc import Nfs3Client, auth_sys, NFS3_OK
 
 BLOCK = 4096
 BLOCKS_PER_FILE = 48
@@ -95,9 +95,9 @@ class Writer(threading.Thread):
                 while not self.stop.is_set() and self.ops < self.ops_limit:
                     self.one()
                     self.ops += 1
-        except (OSError, RpcError, ValueError, EOFError) as e:
-            self.error = e       # expected: the server went away mid-call
-        except Exception as e:   # an unexpected reply: a real failure
+        except OSError as e:     # expected: the server went away mid-call (EOF, reset, timeout)
+            self.error = e
+        except Exception as e:   # an error reply, a malformed one or a wrong result: a real failure
             self.failure = repr(e)
         finally:
             self.log.close()

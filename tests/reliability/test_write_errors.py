@@ -68,6 +68,18 @@ def _failing_fs(tmp_path, journal):
         subprocess.run(["umount", str(outer)], capture_output=True)
 
 
+def _descriptors_of(pid: int, path) -> list:
+    """The descriptors process `pid` holds on `path`."""
+    held = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == str(path):
+                held.append(fd)
+        except OSError:
+            continue  # closed meanwhile
+    return held
+
+
 def test_a_failed_commit_changes_the_write_verifier(failing_fs):
     with Nasd(failing_fs, args=["--no-root-squash"]) as srv, \
             Nfs3Client("127.0.0.1", srv.port, cred=auth_sys(0, 0), timeout=60) as c:
@@ -120,9 +132,14 @@ def test_a_file_let_go_of_with_unwritten_data_cannot_vouch_for_it(failing_journa
             assert r.status == NFS3_OK, f"UNSTABLE write {i}: nfsstat3 {r.status}"
             verifiers.add(r.verf)
         (acknowledged,) = verifiers
-        time.sleep(3)   # idle: let go of by the cache
+        # Idle, the cache lets go of the file: its last descriptor closes once the check
+        # of its writeback is done. Until then a COMMIT would go through the descriptor
+        # that holds the error, and the case this test is about would not arise.
+        deadline = time.monotonic() + 30
+        while _descriptors_of(srv.pid, export / "lost") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _descriptors_of(srv.pid, export / "lost"), "nasd's cache kept the file open"
         run("sync")     # the writeback fails (if nothing wrote it before)
-        time.sleep(2)   # a check under way on a loaded machine ends
         with open("/proc/sys/vm/drop_caches", "w") as f:
             f.write("3\n")   # and the inode, with its error, leaves memory
         r = c.commit(lost)

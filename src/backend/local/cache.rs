@@ -153,7 +153,7 @@ pub struct InodeKey {
 /// File systems stamp birth times from a clock that ticks every few milliseconds, so two
 /// inodes born in one tick can share a birth time. An inode is keyed only once its birth is
 /// further in the past than this: every inode born from then on has a later birth time.
-const BIRTH_TICK_MARGIN: Duration = Duration::from_millis(50);
+pub(super) const BIRTH_TICK_MARGIN: Duration = Duration::from_millis(50);
 
 impl InodeKey {
     /// The key of the inode `st` describes, if the file system reports birth times and the

@@ -1397,10 +1397,14 @@ mod tests {
     #[test]
     fn listed_handles_are_cached_by_inode_and_follow_a_name_renamed_over() {
         let (dir, fs) = export();
+        let born = std::time::Instant::now();
         std::fs::write(dir.path().join("a"), b"a").expect("create");
         std::fs::write(dir.path().join("b"), b"bb").expect("create");
         let young = plus_entries(&fs, &fs.root());
-        assert_eq!(fs.cached_handle(&statx_of(&dir.path().join("a"))), None, "an inode born this tick is not cached");
+        // Unless this thread was held up for most of the margin (a loaded machine).
+        if born.elapsed() < cache::BIRTH_TICK_MARGIN / 2 {
+            assert_eq!(fs.cached_handle(&statx_of(&dir.path().join("a"))), None, "an inode born this tick is not cached");
+        }
         let_births_age();
         let first = plus_entries(&fs, &fs.root());
         assert_eq!(first, young);
