@@ -644,6 +644,7 @@ def test_readdir_pages_with_returned_verifier(srv, c, work):
     entries, verfs, pages, eof = _page_through(c, dfh, count=1024)
     got = [n for _, n, _ in entries]
     assert eof and pages > 5, pages
+    assert len(set(verfs)) == 1, f"the verifier of an unchanged directory changed while paging: {verfs}"
     assert len(got) == len(set(got)), "a name was returned twice"
     assert set(got) == names | {".", ".."}
     ino = {n: os.stat(d / n).st_ino for n in names}
