@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import os
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rig.nasd import Nasd  # noqa: E402
-from rig.rpc import Nfs3Client, auth_sys  # noqa: E402
+from rig.rpc import auth_sys  # noqa: E402
 
 ROOT = auth_sys(0, 0, machine="itest")
 
@@ -26,16 +24,3 @@ def write_exports(tmp_path: Path, lines) -> Path:
     f = tmp_path / "exports"
     f.write_text("".join(line + "\n" for line in lines))
     return f
-
-
-@contextmanager
-def client(srv: Nasd, cred=ROOT, **kw):
-    c = Nfs3Client(srv.host, srv.port, cred=cred, **kw)
-    try:
-        yield c
-    finally:
-        c.close()
-
-
-def export_path(srv: Nasd) -> str:
-    return srv.export_dir

@@ -437,8 +437,6 @@ def test_mountpoint_option_leaves_out_an_export_whose_file_system_is_not_mounted
     expose, and fill, the directory underneath. The other exports are served."""
     unmounted = make_export(tmp_path, "disk", mode=0o777)
     mounted = make_export(tmp_path, "other", mode=0o777)
-    ex = write_exports(tmp_path, [f"{unmounted} 127.0.0.1(rw,insecure,mp)",
-                                  f"{mounted} -mountpoint=/ 127.0.0.1(rw,insecure)"])
     # the usual form: a share below the mount point, which does not exist while unmounted
     below = unmounted / "share"
     ex = write_exports(tmp_path, [f"{unmounted} 127.0.0.1(rw,insecure,mp)",

@@ -547,25 +547,20 @@ def test_owner_may_write_and_read_its_read_only_file(srv, c, work):
 
 # ------------------------------------------------------------ duplicate request cache
 
-def _send(cl, msg, xid):
-    cl.send_msg(msg)
-    return cl.wait_xid(xid)
-
-
 def test_drc_rename_replay(srv, c, work):
     d, dfh = work
     (d / "a").write_bytes(b"original")
     ino = os.stat(d / "a").st_ino
     xid, msg = c.build(NFS_PROG, 3, rpc.NFSPROC3_RENAME, nfs3_args.rename(dfh, "a", dfh, "b"))
-    first = _send(c, msg, xid)
+    first = c.resend(msg, xid)
     assert decode_result(rpc.NFSPROC3_RENAME, first).ok
     assert sorted(os.listdir(d)) == ["b"]
-    again = _send(c, msg, xid)
+    again = c.resend(msg, xid)
     assert again.raw == first.raw, ("replayed RENAME must get the cached reply byte for byte, got status "
                                     f"{decode_result(rpc.NFSPROC3_RENAME, again).status}")
     # if the replay had run, it would now move the new "a" over "b"
     (d / "a").write_bytes(b"newcomer")
-    again2 = _send(c, msg, xid)
+    again2 = c.resend(msg, xid)
     assert again2.raw == first.raw
     assert (d / "a").read_bytes() == b"newcomer"
     assert os.stat(d / "b").st_ino == ino and (d / "b").read_bytes() == b"original"
@@ -579,17 +574,17 @@ def test_drc_link_replay(srv, c, work):
     (d / "f").write_bytes(b"x")
     fh = c.lookup(dfh, "f").fh
     xid, msg = c.build(NFS_PROG, 3, rpc.NFSPROC3_LINK, nfs3_args.link(fh, dfh, "l"))
-    first = _send(c, msg, xid)
+    first = c.resend(msg, xid)
     r1 = decode_result(rpc.NFSPROC3_LINK, first)
     assert r1.ok and r1.attr.nlink == 2
     assert os.stat(d / "f").st_nlink == 2
-    again = _send(c, msg, xid)
+    again = c.resend(msg, xid)
     assert again.raw == first.raw, ("replayed LINK must get the cached reply byte for byte, got status "
                                     f"{decode_result(rpc.NFSPROC3_LINK, again).status}")
     assert os.stat(d / "f").st_nlink == 2 and sorted(os.listdir(d)) == ["f", "l"]
     # even where running it again would succeed, the replay does not run
     os.unlink(d / "l")
-    again2 = _send(c, msg, xid)
+    again2 = c.resend(msg, xid)
     assert again2.raw == first.raw
     assert os.stat(d / "f").st_nlink == 1 and os.listdir(d) == ["f"]
     assert c.link(fh, dfh, "l").ok and os.stat(d / "f").st_nlink == 2
@@ -601,7 +596,7 @@ def test_drc_unstable_write_replay(srv, c, work):
     f.write_bytes(b"........")
     fh = c.lookup(dfh, "f").fh
     xid, msg = c.build(NFS_PROG, 3, rpc.NFSPROC3_WRITE, nfs3_args.write(fh, 2, b"WXYZ", stable="unstable"))
-    first = _send(c, msg, xid)
+    first = c.resend(msg, xid)
     r1 = decode_result(rpc.NFSPROC3_WRITE, first)
     assert r1.ok and r1.count == 4 and r1.committed == rpc.UNSTABLE
     assert f.read_bytes() == b"..WXYZ.."
@@ -610,7 +605,7 @@ def test_drc_unstable_write_replay(srv, c, work):
         fp.write(b"--------")
     mtime = os.stat(f).st_mtime_ns
     time.sleep(0.02)
-    again = _send(c, msg, xid)
+    again = c.resend(msg, xid)
     assert again.raw == first.raw, "replayed UNSTABLE WRITE must get the cached reply byte for byte"
     assert f.read_bytes() == b"--------", "the replayed WRITE ran a second time"
     assert os.stat(f).st_mtime_ns == mtime

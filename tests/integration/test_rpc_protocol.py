@@ -193,18 +193,13 @@ def test_malformed_transport_input_is_survived(srv):
 
 # ------------------------------------------------------------ DRC
 
-def _send_same(c: RpcClient, msg: bytes, xid: int) -> rpc.Reply:
-    c.send_msg(msg)
-    return c.wait_xid(xid)
-
-
 def test_drc_create_guarded_retransmit_same_reply(srv, work):
     d, dfh = work
     with Nfs3Client(srv.host, srv.port, cred=ROOT) as c:
         xid, msg = c.build(NFS_PROG, 3, rpc.NFSPROC3_CREATE, nfs3_args.create(dfh, "g", "guarded"))
-        first = _send_same(c, msg, xid)
+        first = c.resend(msg, xid)
         ino = os.stat(d / "g").st_ino
-        again = _send_same(c, msg, xid)
+        again = c.resend(msg, xid)
         assert decode_result(rpc.NFSPROC3_CREATE, first).ok
         assert again.raw == first.raw, "retransmit must get the cached reply byte for byte"
         assert os.listdir(d) == ["g"] and os.stat(d / "g").st_ino == ino
@@ -217,10 +212,10 @@ def test_drc_remove_retransmit_is_ok_not_noent(srv, work):
     (d / "victim").write_bytes(b"x")
     with Nfs3Client(srv.host, srv.port, cred=ROOT) as c:
         xid, msg = c.build(NFS_PROG, 3, rpc.NFSPROC3_REMOVE, nfs3_args.diropargs(dfh, "victim"))
-        first = _send_same(c, msg, xid)
+        first = c.resend(msg, xid)
         assert decode_result(rpc.NFSPROC3_REMOVE, first).ok
         assert not (d / "victim").exists()
-        again = _send_same(c, msg, xid)
+        again = c.resend(msg, xid)
         assert decode_result(rpc.NFSPROC3_REMOVE, again).ok
         assert again.raw == first.raw
         assert c.remove(dfh, "victim").status == rpc.NFS3ERR_NOENT
@@ -236,13 +231,13 @@ def test_drc_retransmit_on_new_tcp_connection(srv, work, what):
         args, proc = nfs3_args.diropargs(dfh, "n"), rpc.NFSPROC3_REMOVE
     with Nfs3Client(srv.host, srv.port, cred=ROOT) as c1:
         xid, msg = c1.build(NFS_PROG, 3, proc, args)
-        first = _send_same(c1, msg, xid)
+        first = c1.resend(msg, xid)
         port1 = c1.local_addr[1]
     assert decode_result(proc, first).ok
     assert (d / "n").exists() == (what == "create")
     with Nfs3Client(srv.host, srv.port, cred=ROOT) as c2:
         assert c2.local_addr[1] != port1
-        again = _send_same(c2, msg, xid)
+        again = c2.resend(msg, xid)
     assert again.raw == first.raw
     assert (d / "n").exists() == (what == "create")
 
@@ -291,8 +286,8 @@ def test_drc_udp_retransmit(srv, work):
     d, dfh = work
     with Nfs3Client(srv.host, srv.port, proto="udp", cred=ROOT) as c:
         xid, msg = c.build(NFS_PROG, 3, rpc.NFSPROC3_MKDIR, nfs3_args.mkdir(dfh, "sub"))
-        first = _send_same(c, msg, xid)
-        again = _send_same(c, msg, xid)
+        first = c.resend(msg, xid)
+        again = c.resend(msg, xid)
     assert decode_result(rpc.NFSPROC3_MKDIR, first).ok
     assert again.raw == first.raw and (d / "sub").is_dir()
 
@@ -304,11 +299,11 @@ def test_drc_same_xid_other_args_or_other_client_is_a_new_call(srv, work):
         assert c.create(dfh, "a", how="guarded", xid=xid).ok
         assert c.create(dfh, "b", how="guarded", xid=xid).ok, "same XID, different args: not a retransmit"
         xid2, msg = c.build(NFS_PROG, 3, rpc.NFSPROC3_REMOVE, nfs3_args.diropargs(dfh, "a"))
-        assert decode_result(rpc.NFSPROC3_REMOVE, _send_same(c, msg, xid2)).ok
+        assert decode_result(rpc.NFSPROC3_REMOVE, c.resend(msg, xid2)).ok
     assert sorted(os.listdir(d)) == ["b"]
     (d / "a").write_bytes(b"again")
     with Nfs3Client(srv.host, srv.port, src_addr="127.0.0.2", cred=ROOT) as other:
-        r = decode_result(rpc.NFSPROC3_REMOVE, _send_same(other, msg, xid2))
+        r = decode_result(rpc.NFSPROC3_REMOVE, other.resend(msg, xid2))
     assert r.ok and not (d / "a").exists(), "same bytes from another client address must run"
 
 
@@ -323,14 +318,14 @@ def test_refused_calls_do_not_push_real_replies_out_of_the_drc(tmp_path):
             Nfs3Client(n.host, n.port, cred=ROOT) as c:
         root = c.root(n.export_dir)
         xid, msg = c.build(NFS_PROG, 3, rpc.NFSPROC3_REMOVE, nfs3_args.diropargs(root, "victim"))
-        first = _send_same(c, msg, xid)
+        first = c.resend(msg, xid)
         assert decode_result(rpc.NFSPROC3_REMOVE, first).ok
         for i in range(31):  # the cache is full
             assert c.create(root, f"f{i}", how="guarded").ok
         for i in range(100):
             bogus = bytes([i]) * 32
             assert c.remove(bogus, "x").status in (rpc.NFS3ERR_BADHANDLE, rpc.NFS3ERR_STALE)
-        again = _send_same(c, msg, xid)
+        again = c.resend(msg, xid)
         assert again.raw == first.raw, \
             f"retransmitted REMOVE ran again: {decode_result(rpc.NFSPROC3_REMOVE, again).status}"
 

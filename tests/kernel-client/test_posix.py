@@ -57,20 +57,8 @@ BLOB_SIZE = 3 * 1024 * 1024 + 12345          # not a multiple of any block size
 HELLO = "hello from the host\n"
 
 
-def _prereq_skip() -> str | None:
-    if os.geteuid() != 0:
-        return "kernel-client tests need root (netns, debootstrap)"
-    if not shutil.which("qemu-system-x86_64"):
-        return "qemu-system-x86_64 missing: apt-get install qemu-system-x86"
-    if not shutil.which("ip"):
-        return "ip missing: apt-get install iproute2"
-    cached = (vm.default_cache_dir() / f"image-{vm.recipe_hash()}" / "recipe").exists()
-    if not cached and not (shutil.which("debootstrap") and shutil.which("mke2fs")):
-        return "debootstrap/mke2fs missing: apt-get install debootstrap e2fsprogs"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_prereq_skip() is not None, reason=str(_prereq_skip()))
+_MISSING = vm.missing_prerequisite("kernel-client tests")
+pytestmark = pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))
 
 
 def _sha(data: bytes) -> str:

@@ -80,23 +80,8 @@ exec /tmp/nasd serve {export} --listen 0.0.0.0:{port} --state-dir {export}/.nasd
 """
 
 
-def _prereq_skip() -> str | None:
-    if os.geteuid() != 0:
-        return "power-loss tests need root (netns, qemu networking)"
-    if not shutil.which("qemu-system-x86_64"):
-        return "qemu-system-x86_64 missing: apt-get install qemu-system-x86"
-    if not shutil.which("ip"):
-        return "ip missing: apt-get install iproute2"
-    for tool in ("mke2fs", "e2fsck", "debugfs"):
-        if not shutil.which(tool):
-            return f"{tool} missing: apt-get install e2fsprogs"
-    cached = (vm.default_cache_dir() / f"image-{vm.recipe_hash()}" / "recipe").exists()
-    if not cached and not shutil.which("debootstrap"):
-        return "no cached guest image and debootstrap missing: apt-get install debootstrap"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_prereq_skip() is not None, reason=str(_prereq_skip()))
+_MISSING = vm.missing_prerequisite("power-loss tests", tools=("mke2fs", "e2fsck", "debugfs"))
+pytestmark = pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))
 
 
 # --------------------------------------------------------------------------- helpers

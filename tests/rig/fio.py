@@ -393,14 +393,6 @@ def run_fio(args, timeout=300, fio=None, cwd=None, env=None, check_errors=True,
     return out
 
 
-def nfs_url(port, export, version=3, mount_port=None) -> str:
-    """fio nfs engine URL for an export on 127.0.0.1."""
-    export = "/" + export.lstrip("/")
-    if version == 4:
-        return f"nfs://127.0.0.1{export}?version=4&nfsport={port}"
-    return f"nfs://127.0.0.1{export}?nfsport={port}&mountport={mount_port or port}"
-
-
 def main(argv=None) -> int:
     import argparse
     ap = argparse.ArgumentParser(description="Build/locate fio with the libnfs engine")

@@ -416,6 +416,11 @@ class RpcClient:
             if r.xid == xid:
                 return r
 
+    def resend(self, msg: bytes, xid: int) -> Reply:
+        """Send a call built with build() (again, for a retransmit) and wait for its reply."""
+        self.send_msg(msg)
+        return self.wait_xid(xid)
+
 
 # ---------------------------------------------------------------- NFSv3 XDR
 

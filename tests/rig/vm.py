@@ -331,6 +331,22 @@ def _build(work: Path, log_path: Path) -> None:
          f"(kernel {kver}, rootfs {size_mb} MiB)")
 
 
+def missing_prerequisite(what: str, tools: tuple[str, ...] = ()) -> str | None:
+    """Why tests that boot a guest (`what`, for the message) cannot run here, or None:
+    root, qemu, iproute2, `tools`, and a cached image or the tools to build one."""
+    if os.geteuid() != 0:
+        return f"{what} need root (netns, debootstrap)"
+    needs = {"qemu-system-x86_64": "qemu-system-x86", "ip": "iproute2"}
+    needs.update({t: "e2fsprogs" for t in tools})
+    for tool, package in needs.items():
+        if not shutil.which(tool):
+            return f"{tool} missing: apt-get install {package}"
+    cached = (default_cache_dir() / f"image-{recipe_hash()}" / "recipe").exists()
+    if not cached and not (shutil.which("debootstrap") and shutil.which("mke2fs")):
+        return "no cached guest image, and debootstrap/mke2fs missing: apt-get install debootstrap e2fsprogs"
+    return None
+
+
 def ensure_image(cache_dir: str | os.PathLike | None = None) -> Image:
     """Return the cached guest image, building it first if the recipe changed."""
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
