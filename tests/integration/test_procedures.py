@@ -5,6 +5,7 @@ WRITE, and READDIR paging with the cookie verifier."""
 
 import os
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -691,7 +692,6 @@ def test_a_file_clients_read_can_still_be_run_on_the_server(srv, c, work):
     still be executed on the server (a descriptor open for writing makes exec fail with
     ETXTBSY), and a WRITE to it while it runs is refused, not failed as an I/O error."""
     import shutil
-    import subprocess
     d, dfh = work
     prog = d / "prog"
     shutil.copy2(shutil.which("sleep"), prog)
@@ -709,3 +709,29 @@ def test_a_file_clients_read_can_still_be_run_on_the_server(srv, c, work):
         running.wait()
     assert prog.read_bytes()[:4] == b"\x7fELF"
     assert c.write(fh, 0, b"\x7fELF").ok, "once the program has exited the file takes writes again"
+
+
+@needs_root
+@pytest.mark.parametrize("proto", ["tcp", "udp"])
+def test_reads_from_a_file_system_without_nowait_reads(tmp_path, proto):
+    """tmpfs (like vfat) refuses reads that must not wait (RWF_NOWAIT). nasd tries small
+    READs on its network thread that way first; such a file system must send them to a
+    thread that may wait, not answer NOTSUPP."""
+    export = tmp_path / "tmpfs"
+    export.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(export)], check=True)
+    try:
+        small, large = b"small file\n", os.urandom(300_000)
+        (export / "small").write_bytes(small)
+        (export / "large").write_bytes(large)
+        with Nasd(export, args=["--no-root-squash"]) as n, \
+                Nfs3Client(n.host, n.port, cred=ROOT, proto=proto) as cl:
+            root = cl.root(str(export))
+            for name, data, count in (("small", small, 4096), ("large", large, 32768)):
+                fh = cl.lookup(root, name).fh
+                for attempt in range(3):   # the first finds out, the next ones know
+                    r = cl.read(fh, 0, count)
+                    assert r.status == rpc.NFS3_OK, f"READ of {name} (attempt {attempt}): nfsstat3 {r.status}"
+                    assert r.data == data[:count]
+    finally:
+        subprocess.run(["umount", str(export)], check=False)

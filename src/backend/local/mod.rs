@@ -175,6 +175,9 @@ pub struct LocalFs {
     dir_streams: DirStreams,
     /// The file system refused `RWF_NOWAIT` for a buffered write: stop asking.
     no_nowait_writes: AtomicBool,
+    /// The file system refused `RWF_NOWAIT` for a read (tmpfs, vfat): reads that must not
+    /// wait go to a thread that may.
+    no_nowait_reads: AtomicBool,
     max_file_size: u64,
     changes: ChangeCount,
     /// This backend, for work handed to helper threads.
@@ -334,6 +337,7 @@ impl LocalFs {
             handles: HandleCache::new(cfg.cache_capacity.saturating_mul(HANDLES_PER_OPEN_OBJECT)),
             dir_streams: DirStreams::default(),
             no_nowait_writes: AtomicBool::new(false),
+            no_nowait_reads: AtomicBool::new(false),
             max_file_size,
             changes: cfg.changes.clone(),
             me: me.clone(),
@@ -843,8 +847,22 @@ impl Vfs for LocalFs {
     fn read(&self, cred: &Cred, id: &ObjectId, offset: u64, count: usize, out: &mut Vec<u8>, blocking: Blocking) -> VfsResult<ReadResult> {
         let (_, attr, fd) = self.data_io(cred, id, R)?;
         let nowait = blocking == Blocking::Forbidden;
+        if nowait && self.no_nowait_reads.load(Ordering::Relaxed) {
+            return Err(VfsError::WouldBlock);
+        }
         let wanted = count;
-        let count = if offset >= attr.size { 0 } else { sys::pread_append(&fd, out, wanted, offset, nowait)? };
+        let count = if offset >= attr.size {
+            0
+        } else {
+            match sys::pread_append(&fd, out, wanted, offset, nowait) {
+                Err(VfsError::NotSupp) if nowait => {
+                    tracing::info!(export_id = self.fsid, "the file system cannot read without waiting (no RWF_NOWAIT): reads go to the blocking pool");
+                    self.no_nowait_reads.store(true, Ordering::Relaxed);
+                    return Err(VfsError::WouldBlock);
+                }
+                read => read?,
+            }
+        };
         // Nothing read where something was asked for is the end of the file, even if the
         // size taken before the read said otherwise (the file shrank meanwhile): a reply of
         // no data and no eof makes the Linux client fail the read with EIO.
