@@ -1094,8 +1094,9 @@ impl Vfs for LocalFs {
         let _modifying = self.modifying();
         let (obj, attr) = self.resolve(cred, id)?;
         let (dobj, dattr) = self.resolve_dir(cred, dir)?;
+        // EPERM, as link(2) and knfsd answer (a client's `ln` then says so).
         if attr.kind == FileKind::Directory {
-            return Err(VfsError::IsDir);
+            return Err(VfsError::Perm);
         }
         if is_dot_or_dotdot(name) {
             return Err(VfsError::Exist);
