@@ -31,13 +31,33 @@ impl HandleKey {
         Self { key }
     }
 
-    /// Loads the key from `dir/handle-key`, creating it (mode 0600) on first start.
+    /// Loads the key from `dir/handle-key`, creating it (mode 0600, in a directory of mode
+    /// 0700) on first start. Whoever can write the directory or read the key can forge
+    /// handles to any file of an exported file system, so a key or directory another user
+    /// owns is refused, and one of ours that others may use is made private again.
     pub fn load_or_create(dir: &Path) -> anyhow::Result<Self> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
+        use std::io::{Read, Write};
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+        private_dir(dir)?;
         let path = dir.join("handle-key");
-        match std::fs::read(&path) {
-            Ok(bytes) => {
+        let no_follow = libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        match std::fs::OpenOptions::new().read(true).custom_flags(no_follow).open(&path) {
+            Ok(f) => {
+                let meta = f.metadata().with_context(|| format!("reading {}", path.display()))?;
+                anyhow::ensure!(meta.is_file(), "{} is not a regular file", path.display());
+                anyhow::ensure!(
+                    meta.uid() == effective_uid(),
+                    "{} belongs to uid {}, not to this server (uid {}): refusing a key someone else may have written",
+                    path.display(),
+                    meta.uid(),
+                    effective_uid()
+                );
+                if meta.mode() & 0o077 != 0 {
+                    tracing::warn!(key = %path.display(), mode = format!("{:o}", meta.mode() & 0o7777), "the handle key was readable by others, who can forge file handles with it: made private; delete it (every client must mount again) if others may have read it");
+                    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+                }
+                let mut bytes = Vec::with_capacity(33);
+                (&f).take(33).read_to_end(&mut bytes).with_context(|| format!("reading {}", path.display()))?;
                 let key: [u8; 32] = bytes
                     .as_slice()
                     .try_into()
@@ -45,15 +65,21 @@ impl HandleKey {
                 Ok(Self { key })
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                std::fs::create_dir_all(dir).with_context(|| format!("creating state directory {}", dir.display()))?;
                 let mut key = [0u8; 32];
                 rand::Rng::fill(&mut rand::thread_rng(), &mut key);
                 let tmp = dir.join("handle-key.tmp");
+                // Left by a start that crashed; never written through (it may be a link).
+                match std::fs::remove_file(&tmp) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(e).with_context(|| format!("removing {}", tmp.display()));
+                    }
+                    _ => {}
+                }
                 let mut f = std::fs::OpenOptions::new()
                     .write(true)
-                    .create(true)
-                    .truncate(true)
+                    .create_new(true)
                     .mode(0o600)
+                    .custom_flags(no_follow)
                     .open(&tmp)
                     .with_context(|| format!("writing {}", tmp.display()))?;
                 f.write_all(&key)?;
@@ -107,9 +133,109 @@ impl HandleKey {
     }
 }
 
+/// Creates `dir` (mode 0700) or checks that it is this server's alone: owned by it, a real
+/// directory, and writable by nobody else (tightened if it is ours).
+fn private_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    match std::fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("creating state directory {}", dir.display())),
+        Err(e) => Err(e).with_context(|| format!("state directory {}", dir.display())),
+        Ok(meta) => {
+            anyhow::ensure!(meta.is_dir(), "state directory {} is not a directory (or is a symbolic link)", dir.display());
+            anyhow::ensure!(
+                meta.uid() == effective_uid(),
+                "state directory {} belongs to uid {}, not to this server (uid {})",
+                dir.display(),
+                meta.uid(),
+                effective_uid()
+            );
+            if meta.mode() & 0o022 != 0 {
+                tracing::warn!(dir = %dir.display(), mode = format!("{:o}", meta.mode() & 0o7777), "the state directory was writable by others, who could replace the handle key: made private");
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                    .with_context(|| format!("making state directory {} private", dir.display()))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn mode_of(p: &Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn the_key_and_its_directory_are_made_private_whatever_the_umask() {
+        let base = tempfile::tempdir().unwrap();
+        let dir = base.path().join("state").join("nasd");
+        // The server runs with umask 0 (created files get the mode clients ask for), so
+        // only modes given explicitly keep others out; whatever the umask here, they must.
+        let key = HandleKey::load_or_create(&dir).unwrap();
+        assert_eq!(mode_of(&dir), 0o700);
+        assert_eq!(mode_of(&dir.join("handle-key")), 0o600);
+        assert_eq!(HandleKey::load_or_create(&dir).unwrap().key, key.key, "the same key on the next start");
+    }
+
+    #[test]
+    fn a_state_directory_others_can_write_is_made_private_and_keeps_its_key() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let key = HandleKey::load_or_create(dir.path()).unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        std::fs::set_permissions(dir.path().join("handle-key"), std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(HandleKey::load_or_create(dir.path()).unwrap().key, key.key);
+        assert_eq!(mode_of(dir.path()), 0o700);
+        assert_eq!(mode_of(&dir.path().join("handle-key")), 0o600);
+    }
+
+    #[test]
+    fn a_planted_temporary_file_is_not_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        let state = dir.path().join("state");
+        std::fs::create_dir(&state).unwrap();
+        std::os::unix::fs::symlink(&victim, state.join("handle-key.tmp")).unwrap();
+        HandleKey::load_or_create(&state).unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        assert_eq!(std::fs::read(state.join("handle-key")).unwrap().len(), 32);
+        // A key that is a link to another file is refused, not read.
+        std::fs::remove_file(state.join("handle-key")).unwrap();
+        std::os::unix::fs::symlink(&victim, state.join("handle-key")).unwrap();
+        assert!(HandleKey::load_or_create(&state).is_err());
+    }
+
+    #[test]
+    fn a_key_or_directory_someone_else_owns_is_refused() {
+        if unsafe { libc::geteuid() } != 0 {
+            return crate::testing::skip("needs root to give files away");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        HandleKey::load_or_create(dir.path()).unwrap();
+        let chown = |p: &Path| {
+            let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+            assert_eq!(unsafe { libc::lchown(c.as_ptr(), 4321, 4321) }, 0);
+        };
+        chown(&dir.path().join("handle-key"));
+        let e = HandleKey::load_or_create(dir.path()).unwrap_err();
+        assert!(format!("{e:#}").contains("belongs to uid 4321"), "{e:#}");
+        chown(dir.path());
+        let e = HandleKey::load_or_create(dir.path()).unwrap_err();
+        assert!(format!("{e:#}").contains("state directory"), "{e:#}");
+    }
 
     #[test]
     fn round_trip_and_tamper_detection() {
