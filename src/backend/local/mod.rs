@@ -18,7 +18,7 @@ use cache::{CachedObject, HandleCache, InodeKey, ObjectCache};
 use dirstream::{DirStream, DirStreams, EntryStat, LookAhead, StatBatch};
 use std::ffi::{CStr, CString};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use sync::{SyncGroup, SyncKind};
+use sync::{SyncGroup, SyncKind, SyncTicket};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -103,15 +103,15 @@ impl FsSync {
     /// Makes every metadata change made so far durable, sharing the flush with
     /// concurrent callers.
     /// `on_failure` runs when a flush fails, before any caller learns the outcome.
-    fn flush(&self, root: &OwnedFd, on_failure: impl Fn()) -> VfsResult<()> {
-        self.flush_kind(SyncKind::Full, root, on_failure)
+    fn flush(&self, since: SyncTicket, root: &OwnedFd, on_failure: impl Fn()) -> VfsResult<()> {
+        self.flush_kind(SyncKind::Full, since, root, on_failure)
     }
 
     /// `Full`: as [`Self::flush`]. `Data`, with `syncfs`: everything written, but the
     /// disk's cache not flushed after `syncfs`'s last writes; the caller's own `fsync`
     /// that follows does that.
-    fn flush_kind(&self, kind: SyncKind, root: &OwnedFd, on_failure: impl Fn()) -> VfsResult<()> {
-        self.group.sync(kind, |kind| {
+    fn flush_kind(&self, kind: SyncKind, since: SyncTicket, root: &OwnedFd, on_failure: impl Fn()) -> VfsResult<()> {
+        self.group.sync(kind, since, |kind| {
             let flushed = match &self.device {
                 Some(device) => sys::fsync(device),
                 // `syncfs` writes the device's metadata buffers (inode tables among them)
@@ -147,8 +147,16 @@ impl FsSync {
                 None
             }
         };
-        Self { group: SyncGroup::whole_fs(), device }
+        Self { group: SyncGroup::default(), device }
     }
+}
+
+/// Where the sync groups a change will wait on stood just before it was made (see
+/// [`SyncTicket`]): the file system's, where there is one, and the object's own.
+#[derive(Debug, Clone, Copy)]
+struct Since {
+    fs: Option<SyncTicket>,
+    obj: SyncTicket,
 }
 
 pub struct LocalFs {
@@ -583,35 +591,41 @@ impl LocalFs {
         Ok((id, attr))
     }
 
+    /// Where the sync groups a change to `obj` will wait on stand, taken before the change.
+    fn since(&self, obj: &CachedObject) -> Since {
+        Since { fs: self.fs_sync.as_ref().map(|fs| fs.group.ticket()), obj: obj.sync.ticket() }
+    }
+
     /// In `sync` mode, makes a directory's changed entries durable; concurrent changes to
     /// one directory share the `fsync`.
-    fn commit_dir(&self, cred: &Cred, dir: &CachedObject, attr: &Attr) -> VfsResult<()> {
-        self.commit_dirs(cred, &[(dir, attr)])
+    fn commit_dir(&self, cred: &Cred, dir: &CachedObject, attr: &Attr, since: Since) -> VfsResult<()> {
+        self.commit_dirs(cred, &[(dir, attr, since)])
     }
 
     /// [`Self::commit_dir`] for a change that touched several directories (a rename).
-    fn commit_dirs(&self, cred: &Cred, dirs: &[(&CachedObject, &Attr)]) -> VfsResult<()> {
+    fn commit_dirs(&self, cred: &Cred, dirs: &[(&CachedObject, &Attr, Since)]) -> VfsResult<()> {
         if !self.sync {
             return Ok(());
         }
         if let Some(fs) = &self.fs_sync {
-            return fs.flush(&self.root_fd, || self.renew_write_verifier());
+            let since = dirs.iter().filter_map(|(_, _, since)| since.fs).min().expect("taken with fs_sync set");
+            return fs.flush(since, &self.root_fd, || self.renew_write_verifier());
         }
-        for (dir, attr) in dirs {
-            self.make_durable(cred, dir, attr, SyncKind::Full)?;
+        for (dir, attr, since) in dirs {
+            self.make_durable(cred, dir, attr, SyncKind::Full, *since)?;
         }
         Ok(())
     }
 
     /// Makes everything written to `obj` so far durable, sharing the flush with concurrent
-    /// callers (group commit).
-    fn make_durable(&self, cred: &Cred, obj: &CachedObject, attr: &Attr, kind: SyncKind) -> VfsResult<()> {
+    /// callers (group commit); fails if a sync since `since` failed.
+    fn make_durable(&self, cred: &Cred, obj: &CachedObject, attr: &Attr, kind: SyncKind, since: Since) -> VfsResult<()> {
         // `fsync` works through any descriptor of the file.
         let fd = self.io_fd(cred, obj, attr, R)?;
         // A failed sync changes the verifier before any caller learns the outcome: a sync
         // that succeeds after it must not be answered with the old one.
         let file_sync = || {
-            obj.sync.sync(kind, |kind| {
+            obj.sync.sync(kind, since.obj, |kind| {
                 let synced = match kind {
                     SyncKind::Data => sys::fdatasync(&fd),
                     SyncKind::Full => sys::fsync(&fd),
@@ -634,19 +648,19 @@ impl LocalFs {
             // flush fewer than `fsync`, `syncfs`, `fsync` of the root) and reports the
             // file's own writeback errors.
             Some(fs) if fs.device.is_none() => {
-                fs.flush_kind(SyncKind::Data, &self.root_fd, || self.renew_write_verifier())?;
+                fs.flush_kind(SyncKind::Data, since.fs.expect("taken with fs_sync set"), &self.root_fd, || self.renew_write_verifier())?;
                 file_sync()
             }
             Some(fs) => {
                 file_sync()?;
-                fs.flush(&self.root_fd, || self.renew_write_verifier())
+                fs.flush(since.fs.expect("taken with fs_sync set"), &self.root_fd, || self.renew_write_verifier())
             }
         }
     }
 
     /// After a failed sync nasd can no longer vouch for UNSTABLE writes to any file: the
     /// kernel may have dropped their data, and it reports that once, to one caller (the
-    /// file's sticky failure lives only as long as its cache entry). A new write verifier
+    /// sync group passes it on only to the callers of that sync and the next). A new write verifier
     /// makes every client resend what it has not yet seen committed, as knfsd does.
     fn renew_write_verifier(&self) {
         let old = self.verifier.load(Ordering::Relaxed);
@@ -708,6 +722,7 @@ impl LocalFs {
         cred: &Cred,
         dir: &CachedObject,
         dir_before: &Attr,
+        since: Since,
         name: &CString,
         created: Option<OwnedFd>,
         attrs: Option<&SetAttrs>,
@@ -729,7 +744,7 @@ impl LocalFs {
             }
         }
         self.cache.insert(id, CachedObject::new(fd));
-        self.commit_dir(cred, dir, dir_before)?;
+        self.commit_dir(cred, dir, dir_before, since)?;
         Ok(Created { obj: id, attr, dir_wcc: self.dir_wcc(dir, dir_before) })
     }
 
@@ -761,6 +776,7 @@ impl Vfs for LocalFs {
     fn setattr(&self, cred: &Cred, id: &ObjectId, attrs: &SetAttrs, guard_ctime: Option<Timespec>) -> VfsResult<Wcc> {
         let _modifying = self.modifying();
         let (obj, before) = self.resolve(cred, id)?;
+        let since = self.since(&obj);
         if let Some(ct) = guard_ctime {
             if ct != before.ctime {
                 return Err(VfsError::NotSync);
@@ -794,7 +810,7 @@ impl Vfs for LocalFs {
             self.apply_attrs(&obj.path_fd, before.kind, &rest)?;
         }
         if self.sync && matches!(before.kind, FileKind::Regular | FileKind::Directory) {
-            self.make_durable(cred, &obj, &before, SyncKind::Full)?;
+            self.make_durable(cred, &obj, &before, SyncKind::Full, since)?;
         }
         Ok(Wcc { before: Some(PreOpAttr::from(&before)), after: self.stat(&obj).ok() })
     }
@@ -902,6 +918,7 @@ impl Vfs for LocalFs {
             return Err(VfsError::WouldBlock);
         }
         let (obj, before, fd) = self.data_io(cred, id, W)?;
+        let since = self.since(&obj);
         let count = match blocking {
             Blocking::Forbidden => self.write_nowait(&fd, data, offset, before.size)?,
             Blocking::Allowed => sys::pwrite(&fd, data, offset, 0)?,
@@ -914,7 +931,7 @@ impl Vfs for LocalFs {
                 sys::start_writeback(&fd, offset, count as u64);
             }
             let kind = if stable == Stability::FileSync { SyncKind::Full } else { SyncKind::Data };
-            self.make_durable(cred, &obj, &before, kind)?;
+            self.make_durable(cred, &obj, &before, kind, since)?;
         }
         Ok(WriteResult { count, committed, wcc: Wcc { before: Some(PreOpAttr::from(&before)), after: self.stat(&obj).ok() } })
     }
@@ -928,7 +945,8 @@ impl Vfs for LocalFs {
                 return Err(VfsError::Access);
             }
             if self.sync {
-                self.make_durable(cred, &obj, &before, SyncKind::Full)?;
+                // Writes acknowledged before a failed sync are the verifier's to disown.
+                self.make_durable(cred, &obj, &before, SyncKind::Full, self.since(&obj))?;
             }
         }
         Ok(Wcc { before: Some(PreOpAttr::from(&before)), after: self.stat(&obj).ok() })
@@ -937,13 +955,14 @@ impl Vfs for LocalFs {
     fn create(&self, cred: &Cred, dir: &ObjectId, name: &[u8], how: &CreateHow) -> VfsResult<Created> {
         let _modifying = self.modifying();
         let (dobj, dattr, c) = self.new_entry(cred, dir, name)?;
+        let since = self.since(&dobj);
         let dfd = dobj.path_fd.as_raw_fd();
         let excl = libc::O_CREAT | libc::O_EXCL | libc::O_RDWR;
         match how {
             CreateHow::Unchecked(attrs) | CreateHow::Guarded(attrs) => {
                 let mode = attrs.mode.unwrap_or(0o644) & 0o7777;
                 match sys::openat(dfd, &c, excl, mode) {
-                    Ok(fd) => self.finish_create(cred, &dobj, &dattr, &c, Some(fd), Some(attrs)),
+                    Ok(fd) => self.finish_create(cred, &dobj, &dattr, since, &c, Some(fd), Some(attrs)),
                     Err(VfsError::Exist) if matches!(how, CreateHow::Unchecked(_)) => {
                         // UNCHECKED on an existing file opens it, applying only the size.
                         let (id, attr, fd) = self.open_entry(&dobj, &c)?;
@@ -974,7 +993,7 @@ impl Vfs for LocalFs {
                         // The verifier lives in atime/mtime until the client's SETATTR.
                         let times = [libc::timespec { tv_sec: a, tv_nsec: 0 }, libc::timespec { tv_sec: m, tv_nsec: 0 }];
                         sys::utimens_fd(fd.as_raw_fd(), &times)?;
-                        self.finish_create(cred, &dobj, &dattr, &c, Some(fd), None)
+                        self.finish_create(cred, &dobj, &dattr, since, &c, Some(fd), None)
                     }
                     Err(VfsError::Exist) => {
                         let (id, attr, fd) = self.open_entry(&dobj, &c)?;
@@ -994,17 +1013,19 @@ impl Vfs for LocalFs {
     fn mkdir(&self, cred: &Cred, dir: &ObjectId, name: &[u8], attrs: &SetAttrs) -> VfsResult<Created> {
         let _modifying = self.modifying();
         let (dobj, dattr, c) = self.new_entry(cred, dir, name)?;
+        let since = self.since(&dobj);
         let mode = attrs.mode.unwrap_or(0o755) & 0o7777;
         // SAFETY: valid C string and fd.
         if unsafe { libc::mkdirat(dobj.path_fd.as_raw_fd(), c.as_ptr(), mode) } < 0 {
             return Err(sys::last_err());
         }
-        self.finish_create(cred, &dobj, &dattr, &c, None, Some(attrs))
+        self.finish_create(cred, &dobj, &dattr, since, &c, None, Some(attrs))
     }
 
     fn symlink(&self, cred: &Cred, dir: &ObjectId, name: &[u8], target: &[u8], attrs: &SetAttrs) -> VfsResult<Created> {
         let _modifying = self.modifying();
         let (dobj, dattr, c) = self.new_entry(cred, dir, name)?;
+        let since = self.since(&dobj);
         if target.is_empty() || target.len() >= libc::PATH_MAX as usize {
             return Err(if target.is_empty() { VfsError::Inval } else { VfsError::NameTooLong });
         }
@@ -1014,12 +1035,13 @@ impl Vfs for LocalFs {
             return Err(sys::last_err());
         }
         let attrs = SetAttrs { mode: None, ..attrs.clone() };
-        self.finish_create(cred, &dobj, &dattr, &c, None, Some(&attrs))
+        self.finish_create(cred, &dobj, &dattr, since, &c, None, Some(&attrs))
     }
 
     fn mknod(&self, cred: &Cred, dir: &ObjectId, name: &[u8], node: SpecialNode, attrs: &SetAttrs) -> VfsResult<Created> {
         let _modifying = self.modifying();
         let (dobj, dattr, c) = self.new_entry(cred, dir, name)?;
+        let since = self.since(&dobj);
         let perm = attrs.mode.unwrap_or(0o644) & 0o7777;
         let (kind, dev) = match node {
             SpecialNode::Fifo => (libc::S_IFIFO, 0),
@@ -1031,12 +1053,13 @@ impl Vfs for LocalFs {
         if unsafe { libc::mknodat(dobj.path_fd.as_raw_fd(), c.as_ptr(), kind | perm, dev) } < 0 {
             return Err(sys::last_err());
         }
-        self.finish_create(cred, &dobj, &dattr, &c, None, Some(attrs))
+        self.finish_create(cred, &dobj, &dattr, since, &c, None, Some(attrs))
     }
 
     fn remove(&self, cred: &Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<Wcc> {
         let _modifying = self.modifying();
         let (dobj, dattr) = self.resolve_dir(cred, dir)?;
+        let since = self.since(&dobj);
         if is_dot_or_dotdot(name) {
             return Err(VfsError::Inval);
         }
@@ -1046,13 +1069,14 @@ impl Vfs for LocalFs {
         if unsafe { libc::unlinkat(dobj.path_fd.as_raw_fd(), c.as_ptr(), 0) } < 0 {
             return Err(sys::last_err());
         }
-        self.commit_dir(cred, &dobj, &dattr)?;
+        self.commit_dir(cred, &dobj, &dattr, since)?;
         Ok(self.dir_wcc(&dobj, &dattr))
     }
 
     fn rmdir(&self, cred: &Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<Wcc> {
         let _modifying = self.modifying();
         let (dobj, dattr) = self.resolve_dir(cred, dir)?;
+        let since = self.since(&dobj);
         match name {
             b"." => return Err(VfsError::Inval),
             b".." => return Err(VfsError::NotEmpty),
@@ -1064,7 +1088,7 @@ impl Vfs for LocalFs {
         if unsafe { libc::unlinkat(dobj.path_fd.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) } < 0 {
             return Err(sys::last_err());
         }
-        self.commit_dir(cred, &dobj, &dattr)?;
+        self.commit_dir(cred, &dobj, &dattr, since)?;
         Ok(self.dir_wcc(&dobj, &dattr))
     }
 
@@ -1072,6 +1096,7 @@ impl Vfs for LocalFs {
         let _modifying = self.modifying();
         let (fobj, fattr) = self.resolve_dir(cred, from_dir)?;
         let (tobj, tattr) = self.resolve_dir(cred, to_dir)?;
+        let (fsince, tsince) = (self.since(&fobj), self.since(&tobj));
         if is_dot_or_dotdot(from) || is_dot_or_dotdot(to) {
             return Err(VfsError::Inval);
         }
@@ -1083,9 +1108,9 @@ impl Vfs for LocalFs {
             return Err(sys::last_err());
         }
         if fattr.fileid == tattr.fileid {
-            self.commit_dir(cred, &tobj, &tattr)?;
+            self.commit_dir(cred, &tobj, &tattr, tsince)?;
         } else {
-            self.commit_dirs(cred, &[(&tobj, &tattr), (&fobj, &fattr)])?;
+            self.commit_dirs(cred, &[(&tobj, &tattr, tsince), (&fobj, &fattr, fsince)])?;
         }
         Ok((self.dir_wcc(&fobj, &fattr), self.dir_wcc(&tobj, &tattr)))
     }
@@ -1094,6 +1119,7 @@ impl Vfs for LocalFs {
         let _modifying = self.modifying();
         let (obj, attr) = self.resolve(cred, id)?;
         let (dobj, dattr) = self.resolve_dir(cred, dir)?;
+        let since = self.since(&dobj);
         // EPERM, as link(2) and knfsd answer (a client's `ln` then says so).
         if attr.kind == FileKind::Directory {
             return Err(VfsError::Perm);
@@ -1110,7 +1136,7 @@ impl Vfs for LocalFs {
         if r < 0 {
             return Err(sys::last_err());
         }
-        self.commit_dir(cred, &dobj, &dattr)?;
+        self.commit_dir(cred, &dobj, &dattr, since)?;
         Ok((self.stat(&obj)?, self.dir_wcc(&dobj, &dattr)))
     }
 

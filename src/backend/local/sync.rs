@@ -27,32 +27,41 @@ struct State {
     running: bool,
     /// Whether a caller waiting for the next sync needs a full one.
     next_full: bool,
-    /// The first sync that failed. Failures are sticky: once writeback failed the kernel
-    /// may have dropped the data, so no later sync can vouch for earlier writes. (In a
-    /// [`SyncGroup::whole_fs`] group: the last sync that failed.)
+    /// The last sync that failed, and how.
     failed: Option<(u64, VfsError)>,
+    /// Callers waiting for a sync to finish.
+    waiting: usize,
 }
 
+/// A group's position just before a change was made: the number of the last sync
+/// finished then. Every sync after it may have written the change, and the kernel
+/// reports a writeback error once, to whichever sync comes first; so a failure of any of
+/// them is the change's failure, even if the sync that finally covers it succeeds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SyncTicket(u64);
+
+/// Who hears of a failed sync: every caller whose change was made before it ended
+/// ([`SyncTicket`]). A change made after it is spoken for by a later sync that succeeds.
+/// Unstable writes acknowledged before the failure are not: the caller of `run` renews the
+/// write verifier when a sync fails, so clients resend what they had not seen committed.
+/// (Sticky failures would refuse every change to a busy directory, the export root, from
+/// one transient error until restart.)
 #[derive(Default)]
 pub struct SyncGroup {
     state: Mutex<State>,
     finished: Condvar,
-    /// Failures reach only the callers of the failed sync (see [`SyncGroup::whole_fs`]).
-    transient_failures: bool,
 }
 
 impl SyncGroup {
-    /// A group for `syncfs`, whose error may come from any file of the file system (one
-    /// the server never touched, or a momentarily full disk): it goes to the callers whose
-    /// changes that sync was to cover, and a later sync speaks for the changes after it.
-    /// A sticky failure would refuse every namespace change until restart.
-    pub fn whole_fs() -> Self {
-        Self { transient_failures: true, ..Self::default() }
+    /// To be taken before a change that [`Self::sync`] is to make durable.
+    pub fn ticket(&self) -> SyncTicket {
+        SyncTicket(self.state.lock().finished)
     }
 
-    /// Returns once everything written to the file before this call is durable. `run`
-    /// performs one sync of the given kind; it is called by at most one thread at a time.
-    pub fn sync(&self, kind: SyncKind, run: impl Fn(SyncKind) -> VfsResult<()>) -> VfsResult<()> {
+    /// Returns once everything written to the file before this call is durable, or the
+    /// error of a sync since `since` (which may have lost the change). `run` performs one
+    /// sync of the given kind; it is called by at most one thread at a time.
+    pub fn sync(&self, kind: SyncKind, since: SyncTicket, run: impl Fn(SyncKind) -> VfsResult<()>) -> VfsResult<()> {
         let mut st = self.state.lock();
         let need = st.started + 1;
         if kind == SyncKind::Full {
@@ -60,7 +69,9 @@ impl SyncGroup {
         }
         while st.finished < need {
             if st.running {
+                st.waiting += 1;
                 self.finished.wait(&mut st);
+                st.waiting -= 1;
                 continue;
             }
             st.running = true;
@@ -71,19 +82,12 @@ impl SyncGroup {
             st.running = false;
             st.finished = number;
             if let Err(e) = result {
-                if self.transient_failures {
-                    st.failed = Some((number, e));
-                } else {
-                    st.failed.get_or_insert((number, e));
-                }
+                st.failed = Some((number, e));
             }
             self.finished.notify_all();
         }
         match st.failed {
-            // The sync this caller needed, or one after it, failed: another caller may
-            // have run the next sync before this one woke up, so "after" is counted too.
-            Some((failed, e)) if self.transient_failures && failed >= need => Err(e),
-            Some((first, e)) if !self.transient_failures && first <= need => Err(e),
+            Some((failed, e)) if failed > since.0 => Err(e),
             _ => Ok(()),
         }
     }
@@ -106,7 +110,7 @@ mod tests {
             let (group, writes, gate) = (group.clone(), writes.clone(), gate.clone());
             std::thread::spawn(move || {
                 writes.store(1, Ordering::SeqCst);
-                group.sync(SyncKind::Data, |_| {
+                group.sync(SyncKind::Data, group.ticket(), |_| {
                     gate.wait();
                     std::thread::sleep(Duration::from_millis(50));
                     Ok(())
@@ -118,7 +122,7 @@ mod tests {
         writes.store(2, Ordering::SeqCst);
         let seen = AtomicU64::new(0);
         group
-            .sync(SyncKind::Data, |_| {
+            .sync(SyncKind::Data, group.ticket(), |_| {
                 seen.store(writes.load(Ordering::SeqCst), Ordering::SeqCst);
                 Ok(())
             })
@@ -137,7 +141,7 @@ mod tests {
                 let (group, runs, fulls) = (group.clone(), runs.clone(), fulls.clone());
                 std::thread::spawn(move || {
                     let kind = if i == 0 { SyncKind::Full } else { SyncKind::Data };
-                    group.sync(kind, |k| {
+                    group.sync(kind, group.ticket(), |k| {
                         runs.fetch_add(1, Ordering::SeqCst);
                         if k == SyncKind::Full {
                             fulls.fetch_add(1, Ordering::SeqCst);
@@ -157,20 +161,58 @@ mod tests {
     }
 
     #[test]
-    fn failures_are_sticky() {
+    fn a_failure_reaches_its_callers_and_a_later_success_speaks_for_later_changes() {
         let group = SyncGroup::default();
-        assert_eq!(group.sync(SyncKind::Data, |_| Ok(())), Ok(()));
-        assert_eq!(group.sync(SyncKind::Data, |_| Err(VfsError::Io)), Err(VfsError::Io));
-        // A later sync that succeeds cannot vouch for data the failed writeback dropped.
-        assert_eq!(group.sync(SyncKind::Data, |_| Ok(())), Err(VfsError::Io));
+        assert_eq!(group.sync(SyncKind::Full, group.ticket(), |_| Err(VfsError::NoSpc)), Err(VfsError::NoSpc));
+        assert_eq!(group.sync(SyncKind::Full, group.ticket(), |_| Ok(())), Ok(()));
+        assert_eq!(group.sync(SyncKind::Full, group.ticket(), |_| Err(VfsError::Io)), Err(VfsError::Io));
+        assert_eq!(group.sync(SyncKind::Full, group.ticket(), |_| Ok(())), Ok(()));
     }
 
     #[test]
-    fn whole_fs_failures_reach_only_the_callers_of_the_failed_sync() {
-        let group = SyncGroup::whole_fs();
-        assert_eq!(group.sync(SyncKind::Full, |_| Err(VfsError::NoSpc)), Err(VfsError::NoSpc));
-        assert_eq!(group.sync(SyncKind::Full, |_| Ok(())), Ok(()));
-        assert_eq!(group.sync(SyncKind::Full, |_| Err(VfsError::Io)), Err(VfsError::Io));
-        assert_eq!(group.sync(SyncKind::Full, |_| Ok(())), Ok(()));
+    fn a_caller_that_joined_during_a_failing_sync_hears_of_it_though_the_next_succeeds() {
+        let group = Arc::new(SyncGroup::default());
+        let (started, release) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+        // Sync 1 fails, after the second caller's change was made (and maybe written by it).
+        let first = {
+            let (group, started, release) = (group.clone(), started.clone(), release.clone());
+            std::thread::spawn(move || {
+                group.sync(SyncKind::Data, group.ticket(), |_| {
+                    started.wait();
+                    release.wait();
+                    Err(VfsError::Io)
+                })
+            })
+        };
+        started.wait();
+        let second = {
+            let group = group.clone();
+            // Its change is made now, while sync 1 runs; sync 2 then finds nothing left to
+            // fail on, as after the kernel reported the error.
+            std::thread::spawn(move || {
+                let since = group.ticket();
+                group.sync(SyncKind::Data, since, |_| Ok(()))
+            })
+        };
+        // The second caller has its number (2) once it waits for sync 1 to end.
+        while group.state.lock().waiting == 0 {
+            std::thread::yield_now();
+        }
+        release.wait();
+        assert_eq!(first.join().unwrap(), Err(VfsError::Io));
+        assert_eq!(second.join().unwrap(), Err(VfsError::Io), "the joined caller was told its change is durable");
+        // A caller after both: its change was made after the failed sync ended.
+        assert_eq!(group.sync(SyncKind::Data, group.ticket(), |_| Ok(())), Ok(()));
+    }
+
+    #[test]
+    fn a_change_made_before_a_failed_sync_of_others_hears_of_it() {
+        let group = SyncGroup::default();
+        let since = group.ticket();
+        // Another caller's sync runs between this change and this caller's sync, and
+        // fails: it may have written this change.
+        assert_eq!(group.sync(SyncKind::Data, group.ticket(), |_| Err(VfsError::Io)), Err(VfsError::Io));
+        assert_eq!(group.sync(SyncKind::Data, since, |_| Ok(())), Err(VfsError::Io));
+        assert_eq!(group.sync(SyncKind::Data, group.ticket(), |_| Ok(())), Ok(()));
     }
 }
