@@ -311,6 +311,30 @@ def test_directory_moved_out_of_the_export_leads_nowhere(tmp_path):
             assert cl.lookup(d, "..").attr.fileid == os.stat(sub).st_ino
 
 
+def test_a_cached_directory_moved_out_of_the_export_stops_being_served(tmp_path):
+    """A client that keeps using the handle of a directory moved out of the export (so
+    nasd keeps it cached) must not go on working in it: within a few seconds every call
+    through the handle answers STALE, and nothing is made outside the export."""
+    top = make_export(tmp_path, "X")
+    sub = top / "sub"
+    (sub / "d").mkdir(parents=True)
+    ex = write_exports(tmp_path, [f"{sub} 127.0.0.1(rw,no_root_squash,insecure)"])
+    with Nasd(exports_file=ex) as n, Nfs3Client(n.host, n.port, cred=ROOT) as cl:
+        d = cl.lookup(cl.root(str(sub)), "d").fh
+        assert cl.create(d, "inside").ok
+        os.rename(sub / "d", top / "moved")
+        deadline = time.monotonic() + 10
+        while cl.getattr(d).ok and time.monotonic() < deadline:
+            time.sleep(0.1)   # a busy client: the handle never goes idle in the cache
+        assert cl.getattr(d).status == rpc.NFS3ERR_STALE, "the directory outside the export is still served"
+        assert cl.create(d, "outside").status == rpc.NFS3ERR_STALE
+        assert cl.lookup(d, "inside").status == rpc.NFS3ERR_STALE
+        assert sorted(os.listdir(top / "moved")) == ["inside"]
+        # Moved back, it is served again.
+        os.rename(top / "moved", sub / "d")
+        assert cl.getattr(d).ok
+
+
 def test_dotdot_of_a_directory_being_moved_out_never_leads_out(tmp_path):
     """A directory moved in and out of the export while a client looks up its `..`: each
     answer is the parent inside the export or STALE, never the directory outside it

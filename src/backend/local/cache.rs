@@ -10,9 +10,9 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash};
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
-use std::time::{Duration, SystemTime};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant, SystemTime};
 
 /// The descriptors an object's I/O goes through, each opened when first needed.
 #[derive(Default)]
@@ -33,6 +33,18 @@ pub struct CachedObject {
     pub sync: SyncGroup,
     /// Used since the last sweep ([`sweep_idle`]).
     used: AtomicBool,
+    /// When its place in the export was last checked ([`clock_ms`]).
+    place_checked_ms: AtomicU64,
+}
+
+/// How long a cached object's place in the export is trusted: a directory moved out of the
+/// export (by a local user, or through another export) is no longer served after this.
+pub const PLACE_RECHECK: Duration = Duration::from_secs(1);
+
+/// Milliseconds on a monotonic clock that starts with the first call.
+fn clock_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
 }
 
 impl Drop for CachedObject {
@@ -50,6 +62,7 @@ impl CachedObject {
             io_fds: Mutex::new(IoFds::default()),
             sync: SyncGroup::default(),
             used: AtomicBool::new(true),
+            place_checked_ms: AtomicU64::new(clock_ms()),
         })
     }
 
@@ -59,6 +72,15 @@ impl CachedObject {
         if !self.used.load(Ordering::Relaxed) {
             self.used.store(true, Ordering::Relaxed);
         }
+    }
+
+    /// Whether the object's place in the export is due for a check ([`PLACE_RECHECK`]);
+    /// one caller is told so, and makes it, while the others go on.
+    pub fn claim_place_check(&self) -> bool {
+        let now = clock_ms();
+        let last = self.place_checked_ms.load(Ordering::Relaxed);
+        now.saturating_sub(last) >= PLACE_RECHECK.as_millis() as u64
+            && self.place_checked_ms.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
     }
 }
 

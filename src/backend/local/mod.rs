@@ -378,6 +378,11 @@ impl LocalFs {
     fn object(&self, cred: &Cred, id: &ObjectId) -> VfsResult<Arc<CachedObject>> {
         if let Some(o) = self.cache.get(id) {
             o.touch();
+            if o.claim_place_check() && !self.as_root(cred, || self.still_in_export(&o))? {
+                tracing::debug!("cached directory handle refused: the directory is no longer in the export");
+                self.cache.remove(id);
+                return Err(VfsError::Stale);
+            }
             return Ok(o);
         }
         let fd = self.as_root(cred, || {
@@ -395,6 +400,13 @@ impl LocalFs {
             Ok(fd)
         })?;
         Ok(self.cache.insert(*id, CachedObject::new(fd)))
+    }
+
+    /// Whether a cached object may still be served: a directory only while it is in the
+    /// export (as when its handle is first opened). Run as root.
+    fn still_in_export(&self, obj: &CachedObject) -> VfsResult<bool> {
+        let st = sys::fstat(obj.path_fd.as_raw_fd())?;
+        Ok(st.st_mode & libc::S_IFMT != libc::S_IFDIR || self.dir_within_export(obj.path_fd.as_raw_fd())?)
     }
 
     /// Whether the directory `fd` is the export root or below it now. A directory's
