@@ -41,6 +41,9 @@ pub struct CachedObject {
 /// export (by a local user, or through another export) is no longer served after this.
 pub const PLACE_RECHECK: Duration = Duration::from_secs(1);
 
+/// `place_checked_ms` of an object whose place needs no checks: not a directory.
+const NEVER_CHECK: u64 = u64::MAX;
+
 /// Milliseconds on a monotonic clock that starts with the first call.
 fn clock_ms() -> u64 {
     static START: OnceLock<Instant> = OnceLock::new();
@@ -74,11 +77,20 @@ impl CachedObject {
         }
     }
 
+    /// Only a directory's place is checked ([`Self::claim_place_check`]): a file handle
+    /// leads nowhere else, as with knfsd's `no_subtree_check`.
+    pub fn never_check_place(&self) {
+        self.place_checked_ms.store(NEVER_CHECK, Ordering::Relaxed);
+    }
+
     /// Whether the object's place in the export is due for a check ([`PLACE_RECHECK`]);
     /// one caller is told so, and makes it, while the others go on.
     pub fn claim_place_check(&self) -> bool {
-        let now = clock_ms();
         let last = self.place_checked_ms.load(Ordering::Relaxed);
+        if last == NEVER_CHECK {
+            return false;
+        }
+        let now = clock_ms();
         now.saturating_sub(last) >= PLACE_RECHECK.as_millis() as u64
             && self.place_checked_ms.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
     }

@@ -406,7 +406,11 @@ impl LocalFs {
     /// export (as when its handle is first opened). Run as root.
     fn still_in_export(&self, obj: &CachedObject) -> VfsResult<bool> {
         let st = sys::fstat(obj.path_fd.as_raw_fd())?;
-        Ok(st.st_mode & libc::S_IFMT != libc::S_IFDIR || self.dir_within_export(obj.path_fd.as_raw_fd())?)
+        if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            obj.never_check_place();
+            return Ok(true);
+        }
+        self.dir_within_export(obj.path_fd.as_raw_fd())
     }
 
     /// Whether the directory `fd` is the export root or below it now. A directory's
