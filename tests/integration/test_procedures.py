@@ -570,11 +570,11 @@ def test_drc_rename_replay(srv, c, work):
     assert c.rename(dfh, "a", dfh, "b").status == rpc.NFS3ERR_NOENT
 
 
-def test_link_of_a_directory_is_perm_as_link_2_says(srv, c, work):
+def test_link_of_a_directory_is_isdir_as_knfsd_answers(srv, c, work):
     d, dfh = work
     (d / "sub").mkdir()
     r = c.link(c.lookup(dfh, "sub").fh, dfh, "alias")
-    assert r.status == rpc.NFS3ERR_PERM, f"nfsstat3 {r.status}"
+    assert r.status == rpc.NFS3ERR_ISDIR, f"nfsstat3 {r.status}"
     assert sorted(os.listdir(d)) == ["sub"]
 
 

@@ -1136,9 +1136,10 @@ impl Vfs for LocalFs {
         let (obj, attr) = self.resolve(cred, id)?;
         let (dobj, dattr) = self.resolve_dir(cred, dir)?;
         let since = self.since(&dobj);
-        // EPERM, as link(2) and knfsd answer (a client's `ln` then says so).
+        // ISDIR, as knfsd answers (link(2) would say EPERM; the Linux client refuses
+        // before asking).
         if attr.kind == FileKind::Directory {
-            return Err(VfsError::Perm);
+            return Err(VfsError::IsDir);
         }
         if is_dot_or_dotdot(name) {
             return Err(VfsError::Exist);
