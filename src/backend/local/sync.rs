@@ -8,6 +8,7 @@
 
 use crate::vfs::{VfsError, VfsResult};
 use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// How much of the file must reach the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,12 +51,17 @@ pub struct SyncTicket(u64);
 pub struct SyncGroup {
     state: Mutex<State>,
     finished: Condvar,
+    /// `State::finished`, readable without the lock: every WRITE and namespace change
+    /// takes a ticket, most of them with no sync to follow.
+    last_finished: AtomicU64,
 }
 
 impl SyncGroup {
-    /// To be taken before a change that [`Self::sync`] is to make durable.
+    /// To be taken before a change that [`Self::sync`] is to make durable. A sync that
+    /// ends while this is read is either counted (it began before the change, so its
+    /// failure is the change's too: the cautious side) or was over before the change.
     pub fn ticket(&self) -> SyncTicket {
-        SyncTicket(self.state.lock().finished)
+        SyncTicket(self.last_finished.load(Ordering::Acquire))
     }
 
     /// Returns once everything written to the file before this call is durable, or the
@@ -81,6 +87,7 @@ impl SyncGroup {
             let result = parking_lot::MutexGuard::unlocked(&mut st, || run(kind));
             st.running = false;
             st.finished = number;
+            self.last_finished.store(number, Ordering::Release);
             if let Err(e) = result {
                 st.failed = Some((number, e));
             }
