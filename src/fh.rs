@@ -133,19 +133,28 @@ impl HandleKey {
     }
 }
 
-/// Creates `dir` (mode 0700) or checks that it is this server's alone: owned by it, a real
-/// directory, and writable by nobody else (tightened if it is ours).
+/// Creates `dir` (mode 0700; missing parents 0755, as `mkdir -p` makes them) or checks
+/// that it is this server's alone: a directory (a symbolic link to one counts as that
+/// directory) owned by it and writable by nobody else (tightened if it is ours).
 fn private_dir(dir: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
-    match std::fs::symlink_metadata(dir) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .with_context(|| format!("creating state directory {}", dir.display())),
+    match std::fs::metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(parent) = dir.parent() {
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o755)
+                    .create(parent)
+                    .with_context(|| format!("creating {}, the state directory's parent", parent.display()))?;
+            }
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(dir)
+                .with_context(|| format!("creating state directory {}", dir.display()))
+        }
         Err(e) => Err(e).with_context(|| format!("state directory {}", dir.display())),
         Ok(meta) => {
-            anyhow::ensure!(meta.is_dir(), "state directory {} is not a directory (or is a symbolic link)", dir.display());
+            anyhow::ensure!(meta.is_dir(), "state directory {} is not a directory", dir.display());
             anyhow::ensure!(
                 meta.uid() == effective_uid(),
                 "state directory {} belongs to uid {}, not to this server (uid {})",
@@ -185,6 +194,7 @@ mod tests {
         // only modes given explicitly keep others out; whatever the umask here, they must.
         let key = HandleKey::load_or_create(&dir).unwrap();
         assert_eq!(mode_of(&dir), 0o700);
+        assert_eq!(mode_of(dir.parent().unwrap()), 0o755, "a parent made on the way is not private");
         assert_eq!(mode_of(&dir.join("handle-key")), 0o600);
         assert_eq!(HandleKey::load_or_create(&dir).unwrap().key, key.key, "the same key on the next start");
     }
@@ -199,6 +209,21 @@ mod tests {
         assert_eq!(HandleKey::load_or_create(dir.path()).unwrap().key, key.key);
         assert_eq!(mode_of(dir.path()), 0o700);
         assert_eq!(mode_of(&dir.path().join("handle-key")), 0o600);
+    }
+
+    #[test]
+    fn a_state_directory_reached_through_a_link_is_that_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("data-nasd");
+        let key = HandleKey::load_or_create(&real).unwrap();
+        let link = dir.path().join("nasd");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        assert_eq!(HandleKey::load_or_create(&link).unwrap().key, key.key);
+        // ...and its target is checked as the directory itself would be
+        std::fs::write(dir.path().join("plain"), b"").unwrap();
+        std::fs::remove_file(&link).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("plain"), &link).unwrap();
+        assert!(HandleKey::load_or_create(&link).is_err());
     }
 
     #[test]
