@@ -80,7 +80,7 @@ def test_bench_smoke(tmp_path):
         good = [float(c) for c in cells if c not in ("-", "error")]
         assert len(good) >= len(rows) // 2, (name, cells)
         if name == "nasd":
-            assert "error" not in cells, f"nasd failed a job: {list(zip(names, cells))}"
+            assert all(c not in ("-", "error") for c in cells), f"nasd gave no figure for a job: {list(zip(names, cells))}"
         if "error" in cells:
             assert "## Failed runs" in md
     # machine facts, exact command lines, no machine paths in the command lines
