@@ -37,6 +37,8 @@ fn resolve_host(name: &str) -> Vec<IpAddr> {
 /// parses without asking any resolver).
 pub fn parse_exports_with(text: &str, file: &str, resolve: &dyn Fn(&str) -> Vec<IpAddr>) -> Result<ExportTable, ExportsError> {
     let mut table = ExportTable::default();
+    // The `fsid=` each export's lines gave, if any (its id otherwise comes from the path).
+    let mut explicit_fsids: Vec<Option<u32>> = Vec::new();
     let mut logical = String::new();
     let mut start_line = 0;
     for (i, raw) in text.lines().enumerate() {
@@ -52,14 +54,22 @@ pub fn parse_exports_with(text: &str, file: &str, resolve: &dyn Fn(&str) -> Vec<
         logical.push_str(line);
         let err = |message: String| ExportsError { file: file.to_string(), line: start_line, message };
         if !logical.trim().is_empty() {
-            let export = parse_line(&logical, resolve).map_err(err)?;
-            if table.exports.iter().any(|e| e.path == export.path) {
-                return Err(err(format!("{} is exported twice", export.path.display())));
+            let (export, fsid) = parse_line(&logical, resolve).map_err(err)?;
+            let i = match table.exports.iter().position(|e| e.path == export.path) {
+                Some(i) => {
+                    merge_line(&mut table.exports[i], &mut explicit_fsids[i], export, fsid).map_err(err)?;
+                    i
+                }
+                None => {
+                    table.exports.push(export);
+                    explicit_fsids.push(fsid);
+                    table.exports.len() - 1
+                }
+            };
+            let this = &table.exports[i];
+            if let Some(other) = table.exports.iter().find(|e| e.id == this.id && e.path != this.path) {
+                return Err(err(format!("fsid {} is already used by {}", this.id, other.path.display())));
             }
-            if let Some(other) = table.exports.iter().find(|e| e.id == export.id) {
-                return Err(err(format!("fsid {} is already used by {}", export.id, other.path.display())));
-            }
-            table.exports.push(export);
         }
         logical.clear();
     }
@@ -67,6 +77,32 @@ pub fn parse_exports_with(text: &str, file: &str, resolve: &dyn Fn(&str) -> Vec<
         return Err(ExportsError { file: file.to_string(), line: start_line, message: "line continues past end of file".into() });
     }
     Ok(table)
+}
+
+/// A second line for an exported path adds its clients after the first line's, as
+/// exportfs does (it keeps an entry per client and path). The lines must agree on what
+/// belongs to the export as a whole: its `fsid` and `mountpoint`.
+fn merge_line(into: &mut Export, into_fsid: &mut Option<u32>, line: Export, fsid: Option<u32>) -> Result<(), String> {
+    let path = into.path.display();
+    if let Some(f) = fsid {
+        if into_fsid.is_some_and(|g| g != f) {
+            return Err(format!("{path} is given fsid {f} here and {} on an earlier line", into.id));
+        }
+        // An fsid on a later line is the export's, as if it had been on the first.
+        into.id = f;
+        *into_fsid = Some(f);
+    }
+    if line.needs_mount.is_some() && into.needs_mount.is_some() && line.needs_mount != into.needs_mount {
+        return Err(format!("{path} needs a different mountpoint here than on an earlier line"));
+    }
+    into.needs_mount = into.needs_mount.take().or(line.needs_mount);
+    for rule in line.rules {
+        if into.rules.iter().any(|r| r.spec == rule.spec) {
+            tracing::warn!(export = %path, client = ?rule.spec, "the client is listed for this path on an earlier line too: that earlier rule applies");
+        }
+        into.rules.push(rule);
+    }
+    Ok(())
 }
 
 fn strip_comment(line: &str) -> &str {
@@ -135,7 +171,8 @@ fn unescape_path(p: &str) -> Result<String, String> {
     String::from_utf8(out).map_err(|_| format!("path {p} is not valid UTF-8"))
 }
 
-fn parse_line(line: &str, resolve: &dyn Fn(&str) -> Vec<IpAddr>) -> Result<Export, String> {
+/// One export line, and the `fsid=` it gave if any.
+fn parse_line(line: &str, resolve: &dyn Fn(&str) -> Vec<IpAddr>) -> Result<(Export, Option<u32>), String> {
     let toks = tokens(line)?;
     let mut it = toks.into_iter().peekable();
     let path = unescape_path(&it.next().ok_or("missing export path")?)?;
@@ -181,7 +218,8 @@ fn parse_line(line: &str, resolve: &dyn Fn(&str) -> Vec<IpAddr>) -> Result<Expor
     }
     let path = PathBuf::from(path);
     let needs_mount = export_opts.mountpoint.map(|m| m.map_or_else(|| path.clone(), PathBuf::from));
-    Ok(Export { id: export_opts.fsid.unwrap_or_else(|| export_id_for_path(&path)), path, rules, needs_mount })
+    let id = export_opts.fsid.unwrap_or_else(|| export_id_for_path(&path));
+    Ok((Export { id, path, rules, needs_mount }, export_opts.fsid))
 }
 
 /// An anonymous uid or gid (`anonuid=`, `--anonuid`): 4294967295, or -1, names no one,
@@ -231,6 +269,9 @@ fn parse_client(s: &str, resolve: &dyn Fn(&str) -> Vec<IpAddr>) -> Result<Client
     }
     if let Ok(ip) = s.parse::<IpAddr>() {
         return Ok(ClientSpec::Address(ip));
+    }
+    if s.starts_with('[') && s.contains(':') {
+        return Err(format!("{s}: write IPv6 addresses without brackets (e.g. ::1 or fd00::/8)"));
     }
     if s.contains(['*', '?', '[']) {
         return Ok(ClientSpec::Wildcard(s.to_string()));
@@ -285,8 +326,15 @@ fn apply_options(o: &mut ExportOptions, list: &str, export: &mut PerExport) -> R
                 _ => export.mountpoint = Some(value.map(str::to_string)),
             },
             "sec" => {
-                if value != Some("sys") {
-                    return Err(format!("sec={}: only sys is supported", value.unwrap_or("")));
+                // exportfs takes a colon-separated list of flavours; nasd speaks AUTH_SYS only.
+                let flavours = value.unwrap_or("");
+                if !flavours.split(':').any(|f| f == "sys") {
+                    return Err(format!(
+                        "sec={flavours}: nasd authenticates with sec=sys only (Kerberos and the other flavours are not supported)"
+                    ));
+                }
+                if flavours != "sys" {
+                    tracing::warn!(sec = flavours, "only sys of these security flavours is offered; clients asking for another cannot mount");
                 }
             }
             // Accepted for compatibility; they do not change behaviour here.
@@ -332,6 +380,7 @@ mod tests {
         assert_eq!(t.exports[3].path, PathBuf::from("/srv/d e"));
         assert!(matches!(t.exports[3].rules[0].spec, ClientSpec::Host(ref h, _) if h == "localhost"));
         assert!(parse_exports("/a fsid=7", "ex").unwrap_err().message.contains("bad client name"));
+        assert!(parse_exports("/a [::1](rw)", "ex").unwrap_err().message.contains("without brackets"));
         let classes = parse_exports("/a node[0-9].lab(rw)", "ex").unwrap();
         assert_eq!(classes.exports[0].rules[0].spec, ClientSpec::Wildcard("node[0-9].lab".into()));
     }
@@ -346,8 +395,10 @@ mod tests {
         assert!(parse_exports("/a *(anonuid=x)", "ex").is_err());
         assert!(parse_exports("/a @group(rw)", "ex").is_err());
         assert!(parse_exports("/a *(rw\n", "ex").is_err());
-        assert!(parse_exports("/a *(rw)\n/a *(ro)\n", "ex").is_err());
-        assert_eq!(parse_exports("/a *(sec=krb5)", "ex").unwrap_err().line, 1);
+        let krb = parse_exports("/a *(sec=krb5)", "ex").unwrap_err();
+        assert_eq!(krb.line, 1);
+        assert!(krb.message.contains("sec=sys only"), "{krb}");
+        assert!(parse_exports("/a *(sec=krb5p:sys)", "ex").is_ok(), "a list that holds sys serves sys");
     }
 
     #[test]
@@ -395,5 +446,41 @@ mod tests {
     fn fsid_sets_export_id() {
         let t = parse_exports("/a *(rw,fsid=42)", "ex").unwrap();
         assert_eq!(t.exports[0].id, 42);
+    }
+
+    #[test]
+    fn lines_for_one_path_add_their_clients_in_order() {
+        let t = parse_exports("/a 10.0.0.0/8(rw) *(ro)\n/b *(rw)\n/a/ 192.168.1.0/24(rw,no_root_squash)\n", "ex").unwrap();
+        assert_eq!(t.exports.len(), 2, "one export per path");
+        let specs: Vec<_> = t.exports[0].rules.iter().map(|r| r.spec.clone()).collect();
+        assert_eq!(
+            specs,
+            [
+                ClientSpec::Network("10.0.0.0".parse().unwrap(), 8),
+                ClientSpec::Anyone,
+                ClientSpec::Network("192.168.1.0".parse().unwrap(), 24)
+            ]
+        );
+        assert!(!t.exports[0].rules[2].options.root_squash);
+        // the same client again: kept in order, so the earlier rule is the one that matches
+        let t = parse_exports("/a *(rw)\n/a *(ro)\n", "ex").unwrap();
+        assert!(!t.exports[0].rules[0].options.read_only);
+    }
+
+    #[test]
+    fn lines_for_one_path_agree_on_its_fsid_and_mountpoint() {
+        let t = parse_exports("/a 10.0.0.1(rw)\n/a 10.0.0.2(rw,fsid=9)\n", "ex").unwrap();
+        assert_eq!(t.exports[0].id, 9, "an fsid on any line is the export's");
+        let e = parse_exports("/a *(fsid=8)\n/a 10.0.0.2(fsid=9)\n", "ex").unwrap_err();
+        assert_eq!(e.line, 2);
+        assert!(e.message.contains("fsid 9"), "{e}");
+        assert!(parse_exports("/a *(fsid=8)\n/a 10.0.0.2(fsid=8)\n", "ex").is_ok());
+        assert!(parse_exports("/a *(mp=/x)\n/a 10.0.0.2(mp=/y)\n", "ex").is_err());
+        let t = parse_exports("/a *(rw)\n/a 10.0.0.2(mp)\n", "ex").unwrap();
+        assert_eq!(t.exports[0].needs_mount, Some(PathBuf::from("/a")));
+        // an fsid taken by another path is refused wherever it comes
+        let e = parse_exports("/b *(fsid=9)\n/a *(rw)\n/a 10.0.0.2(fsid=9)\n", "ex").unwrap_err();
+        assert_eq!(e.line, 3);
+        assert!(e.message.contains("already used by /b"), "{e}");
     }
 }
