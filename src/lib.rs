@@ -17,6 +17,7 @@ pub mod nfs3;
 pub mod portmap;
 pub mod rpc;
 pub mod server;
+pub mod sockaddr;
 #[cfg(test)]
 pub mod testing;
 pub mod throttle;

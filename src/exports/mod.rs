@@ -166,26 +166,11 @@ fn char_class(pattern: &[u8], c: u8) -> Option<(bool, usize)> {
 /// Reverse-resolves a client address (for wildcard rules only).
 fn reverse_name(ip: IpAddr) -> Option<String> {
     use std::ffi::CStr;
-    let sa: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let mut sa = sa;
-    let len = match ip {
-        IpAddr::V4(v4) => {
-            let sin = unsafe { &mut *(&mut sa as *mut _ as *mut libc::sockaddr_in) };
-            sin.sin_family = libc::AF_INET as u16;
-            sin.sin_addr.s_addr = u32::from(v4).to_be();
-            std::mem::size_of::<libc::sockaddr_in>()
-        }
-        IpAddr::V6(v6) => {
-            let sin6 = unsafe { &mut *(&mut sa as *mut _ as *mut libc::sockaddr_in6) };
-            sin6.sin6_family = libc::AF_INET6 as u16;
-            sin6.sin6_addr.s6_addr = v6.octets();
-            std::mem::size_of::<libc::sockaddr_in6>()
-        }
-    };
+    let (sa, len) = crate::sockaddr::to_c(std::net::SocketAddr::new(ip, 0));
     let mut host = [0 as libc::c_char; 256];
     // SAFETY: valid sockaddr of `len` bytes and output buffer.
     let r = unsafe {
-        libc::getnameinfo(&sa as *const _ as *const libc::sockaddr, len as u32, host.as_mut_ptr(), 256, std::ptr::null_mut(), 0, libc::NI_NAMEREQD)
+        libc::getnameinfo(&sa as *const _ as *const libc::sockaddr, len, host.as_mut_ptr(), 256, std::ptr::null_mut(), 0, libc::NI_NAMEREQD)
     };
     if r != 0 {
         return None;

@@ -3,24 +3,28 @@
 use super::Shared;
 use crate::rpc::message::encode_auth_error;
 use crate::rpc::{AuthStat, Transport};
+use crate::sockaddr;
 use crate::xdr::XdrWriter;
 use std::borrow::Cow;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
+use tokio::io::Interest;
 use tokio::net::UdpSocket;
 
 /// Largest UDP payload over IPv4.
 const MAX_DATAGRAM: usize = 65507;
 
 pub(crate) async fn serve(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
-    let local = match socket.local_addr() {
+    let bound = match socket.local_addr() {
         Ok(a) => a,
         Err(_) => return,
     };
     loop {
         let slot = shared.global_slot(None).await;
         let mut buf = vec![0u8; 65536];
-        let (n, peer) = match socket.recv_from(&mut buf).await {
+        let received = socket.async_io(Interest::READABLE, || receive(socket.as_raw_fd(), &mut buf)).await;
+        let (n, peer, called) = match received {
             Ok(r) => r,
             Err(e) => {
                 tracing::debug!(error = %e, "udp receive failed");
@@ -28,10 +32,15 @@ pub(crate) async fn serve(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
             }
         };
         buf.truncate(n);
+        // The address the client called: the socket's own, or on a socket bound to every
+        // address the one the kernel reported (`report_destinations`).
+        let local = match called {
+            Some(ip) if bound.ip().is_unspecified() => SocketAddr::new(ip, bound.port()),
+            _ => bound,
+        };
         let shared = shared.clone();
         let socket = socket.clone();
         tokio::task::spawn_blocking(move || {
-            let local = if is_portmap_call(&buf) { reply_source(local, peer) } else { local };
             if let Some(reply) = shared.dispatcher.handle(&buf, peer, local, Transport::Udp) {
                 // Datagrams carry no record mark; procedures never leave data in files for UDP.
                 let body = &reply.bytes[4..];
@@ -41,7 +50,10 @@ pub(crate) async fn serve(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
                     tracing::warn!(client = %peer, bytes = body.len(), "reply too large for a datagram; dropped");
                 } else {
                     if let Some(answer) = guarded_answer(&shared, peer, buf.len(), body) {
-                        if let Err(e) = socket.try_send_to(&answer, peer) {
+                        // From the address called: a client that called a second address
+                        // of this host drops a reply from the first.
+                        let from = bound.ip().is_unspecified().then_some(local.ip());
+                        if let Err(e) = send(socket.as_raw_fd(), &answer, peer, from) {
                             // UDP is best effort: the client retransmits.
                             tracing::debug!(client = %peer, error = %e, "udp reply not sent");
                         }
@@ -53,29 +65,126 @@ pub(crate) async fn serve(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
     }
 }
 
-/// Whether a datagram is a call to portmap (program 100000 at byte 12), whose GETADDR
-/// and DUMP hand out the server's address.
-fn is_portmap_call(datagram: &[u8]) -> bool {
-    datagram.get(12..16) == Some(&crate::portmap::PROGRAM.to_be_bytes()[..])
+/// Has the kernel say, with each datagram, which of this host's addresses it was sent to
+/// (`IP_PKTINFO`, `IPV6_RECVPKTINFO`): needed on a socket bound to every address, whose
+/// replies must come from the address the client called, and whose portmap answers name
+/// that address.
+pub(crate) fn report_destinations(socket: &UdpSocket) -> std::io::Result<()> {
+    let (level, option) = match socket.local_addr()? {
+        SocketAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_PKTINFO),
+        SocketAddr::V6(_) => (libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO),
+    };
+    let on: libc::c_int = 1;
+    // SAFETY: a valid descriptor and an int option of the given size.
+    let rc = unsafe { libc::setsockopt(socket.as_raw_fd(), level, option, (&on as *const libc::c_int).cast(), std::mem::size_of_val(&on) as libc::socklen_t) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
-/// The address portmap hands out to `peer` as the server's: the socket's own, or, where
-/// it listens on every address, the source address the kernel routes replies to `peer`
-/// from (asked of a UDP socket connected to `peer`, which sends nothing). A connected TCP
-/// socket knows the address it was reached on; a datagram does not say. On a host with
-/// several addresses in one subnet the routed one may differ from the one the client
-/// called, where `IP_PKTINFO` would tell; it is not 0.0.0.0, which names no host.
-fn reply_source(local: SocketAddr, peer: SocketAddr) -> SocketAddr {
-    if !local.ip().is_unspecified() {
-        return local;
+/// Room for one packet-info control message, aligned for `cmsghdr`.
+#[repr(C, align(8))]
+struct Control([u8; 64]);
+
+/// Receives one datagram into `buf`: its length, its sender and, where the socket reports
+/// them, the address it was sent to.
+fn receive(fd: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, SocketAddr, Option<IpAddr>)> {
+    // SAFETY: all-zero is a valid sockaddr_storage, msghdr and control buffer.
+    let mut name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut control = Control([0; 64]);
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = (&mut name as *mut libc::sockaddr_storage).cast();
+    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.0.as_mut_ptr().cast();
+    msg.msg_controllen = control.0.len();
+    // SAFETY: every pointer in `msg` points at a live buffer of the length given.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, 0) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
     }
-    let any: SocketAddr = if peer.is_ipv4() { (std::net::Ipv4Addr::UNSPECIFIED, 0).into() } else { (std::net::Ipv6Addr::UNSPECIFIED, 0).into() };
-    std::net::UdpSocket::bind(any)
-        .and_then(|s| {
-            s.connect(peer)?;
-            s.local_addr()
-        })
-        .map_or(local, |routed| SocketAddr::new(routed.ip(), local.port()))
+    let peer = sockaddr::from_c(&name).ok_or_else(|| std::io::Error::other("datagram from an address that is not IP"))?;
+    let mut called = None;
+    // SAFETY: the kernel filled `msg_controllen` bytes of control messages; each is read
+    // within the length it gives, unaligned.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            match ((*c).cmsg_level, (*c).cmsg_type) {
+                (libc::IPPROTO_IP, libc::IP_PKTINFO) => {
+                    let info: libc::in_pktinfo = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                    called = Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(info.ipi_addr.s_addr))));
+                }
+                (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
+                    let info: libc::in6_pktinfo = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                    called = Some(IpAddr::V6(Ipv6Addr::from(info.ipi6_addr.s6_addr)));
+                }
+                _ => {}
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Ok((n as usize, peer, called))
+}
+
+/// Sends `payload` to `peer` without waiting (UDP is best effort: the client resends),
+/// from the address `from` when given.
+fn send(fd: RawFd, payload: &[u8], peer: SocketAddr, from: Option<IpAddr>) -> std::io::Result<()> {
+    let (mut name, name_len) = sockaddr::to_c(peer);
+    let mut control = Control([0; 64]);
+    let mut iov = libc::iovec { iov_base: payload.as_ptr() as *mut libc::c_void, iov_len: payload.len() };
+    // SAFETY: all-zero is a valid msghdr.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = (&mut name as *mut libc::sockaddr_storage).cast();
+    msg.msg_namelen = name_len;
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if let Some(from) = from {
+        // The socket's family decides the message: a v6 socket takes a v4 client's reply
+        // source as a v4-mapped address.
+        let (level, kind, data): (libc::c_int, libc::c_int, Vec<u8>) = match (peer, from) {
+            (SocketAddr::V4(_), IpAddr::V4(a)) => {
+                let info = libc::in_pktinfo { ipi_ifindex: 0, ipi_spec_dst: libc::in_addr { s_addr: u32::from(a).to_be() }, ipi_addr: libc::in_addr { s_addr: 0 } };
+                (libc::IPPROTO_IP, libc::IP_PKTINFO, struct_bytes(&info))
+            }
+            (SocketAddr::V6(_), from) => {
+                let a = match from {
+                    IpAddr::V6(a) => a,
+                    IpAddr::V4(a) => a.to_ipv6_mapped(),
+                };
+                let info = libc::in6_pktinfo { ipi6_addr: libc::in6_addr { s6_addr: a.octets() }, ipi6_ifindex: 0 };
+                (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO, struct_bytes(&info))
+            }
+            (SocketAddr::V4(_), IpAddr::V6(_)) => return Err(std::io::Error::other("an IPv6 source for an IPv4 client")),
+        };
+        // SAFETY: the control buffer holds one message of this size (checked below), and
+        // the header and data are written within it.
+        unsafe {
+            let space = libc::CMSG_SPACE(data.len() as u32) as usize;
+            assert!(space <= control.0.len(), "packet info fits the control buffer");
+            msg.msg_control = control.0.as_mut_ptr().cast();
+            msg.msg_controllen = space;
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = level;
+            (*c).cmsg_type = kind;
+            (*c).cmsg_len = libc::CMSG_LEN(data.len() as u32) as usize;
+            std::ptr::copy_nonoverlapping(data.as_ptr(), libc::CMSG_DATA(c), data.len());
+        }
+    }
+    // SAFETY: every pointer in `msg` points at a live buffer of the length given.
+    let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn struct_bytes<T: Copy>(value: &T) -> Vec<u8> {
+    // SAFETY: a plain C struct read as the bytes it is made of.
+    unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), std::mem::size_of::<T>()) }.to_vec()
 }
 
 /// A datagram's source address can be forged, so a reply larger than its call would let

@@ -193,22 +193,49 @@ def test_portmap_getport_and_the_advertised_port_works(pmap_srv):
         assert m.getattr(root).ok
 
 
+@pytest.mark.parametrize("called", ["127.0.0.1", "127.0.0.2"])
 @pytest.mark.parametrize("proto", ["tcp", "udp"])
-def test_rpcbind_getaddr_names_the_address_called_on_a_wildcard_listener(tmp_path, proto):
+def test_rpcbind_getaddr_names_the_address_called_on_a_wildcard_listener(tmp_path, proto, called):
     """rpcbind v3/v4 GETADDR answers with a universal address ("h1.h2.h3.h4.p1.p2") for
     the client to connect to. nasd listening on every address (0.0.0.0) must name the
-    address the client reached it on, not 0.0.0.0, over UDP as over TCP (a datagram does
-    not say which address it came to; TCP's connected socket does)."""
+    address the client reached it on, not 0.0.0.0 and not another address of the host,
+    over UDP as over TCP (TCP's connected socket knows it; for a datagram the kernel
+    says, when asked)."""
     export = make_export(tmp_path)
     port = free_port()
     with Nasd(export, args=["--no-root-squash"], host="0.0.0.0", port=port) as n:
-        with RpcClient("127.0.0.1", port, proto=proto) as c:
+        with RpcClient(called, port, proto=proto) as c:
             for vers in (3, 4):
                 args = Packer().u32(NFS_PROG).u32(3).opaque(b"udp").opaque(b"").opaque(b"").bytes()
                 r = c.call(PMAP_PROG, vers, 3, args)
                 assert r.success
                 uaddr = r.unpacker().opaque().decode()
-                assert uaddr == f"127.0.0.1.{port >> 8}.{port & 0xff}", f"v{vers} GETADDR over {proto}: {uaddr}"
+                assert uaddr == f"{called}.{port >> 8}.{port & 0xff}", f"v{vers} GETADDR over {proto}: {uaddr}"
+
+
+@pytest.mark.parametrize("called", ["127.0.0.1", "127.0.0.2"])
+def test_udp_replies_come_from_the_address_called_on_a_wildcard_listener(tmp_path, called):
+    """A host with several addresses: a client calling one of them over UDP with a
+    connected socket (as the Linux client does) drops datagrams from any other, so a
+    reply routed out from the host's first address would never arrive and the mount
+    would hang. nasd on 0.0.0.0 answers from the address each call was sent to."""
+    import socket
+    export = make_export(tmp_path)
+    port = free_port()
+    with Nasd(export, args=["--no-root-squash"], host="0.0.0.0", port=port):
+        for prog, vers in ((MOUNT_PROG, 3), (NFS_PROG, 3), (PMAP_PROG, 2)):
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.bind(("127.0.0.1", 0))
+                s.connect((called, port))
+                s.settimeout(5)
+                xid = RpcClient.next_xid()
+                s.send(rpc.build_call(xid, prog, vers, 0, b"", cred=rpc.AUTH_NONE_CRED))
+                try:
+                    reply, source = s.recvfrom(1 << 16)
+                except socket.timeout:
+                    pytest.fail(f"no reply to NULL of program {prog} called at {called}: sent from another address?")
+                assert source == (called, port)
+                assert rpc.parse_reply(reply).success
 
 
 # ------------------------------------------------------------ UDP reflection
