@@ -134,10 +134,22 @@ impl HandleKey {
 }
 
 /// Creates `dir` (mode 0700; missing parents 0755, as `mkdir -p` makes them) or checks
-/// that it is this server's alone: a directory (a symbolic link to one counts as that
-/// directory) owned by it and writable by nobody else (tightened if it is ours).
+/// that it is this server's alone: a directory owned by it and writable by nobody else
+/// (tightened if it is ours). A symbolic link to such a directory counts as that
+/// directory only if the link is this server's too: one planted by another user where
+/// the state directory was to be could otherwise turn the server onto a directory of its
+/// own such as `/tmp`, and make it private.
 fn private_dir(dir: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    if let Ok(link) = std::fs::symlink_metadata(dir) {
+        anyhow::ensure!(
+            !link.file_type().is_symlink() || link.uid() == effective_uid(),
+            "state directory {} is a symbolic link that belongs to uid {}, not to this server (uid {})",
+            dir.display(),
+            link.uid(),
+            effective_uid()
+        );
+    }
     match std::fs::metadata(dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             if let Some(parent) = dir.parent() {
@@ -181,6 +193,13 @@ fn effective_uid() -> u32 {
 mod tests {
     use super::*;
 
+    /// This process's umask, read without changing it (tests run in parallel).
+    fn umask() -> u32 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find_map(|l| l.strip_prefix("Umask:")).unwrap();
+        u32::from_str_radix(line.trim(), 8).unwrap()
+    }
+
     fn mode_of(p: &Path) -> u32 {
         use std::os::unix::fs::PermissionsExt;
         std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
@@ -194,7 +213,7 @@ mod tests {
         // only modes given explicitly keep others out; whatever the umask here, they must.
         let key = HandleKey::load_or_create(&dir).unwrap();
         assert_eq!(mode_of(&dir), 0o700);
-        assert_eq!(mode_of(dir.parent().unwrap()), 0o755, "a parent made on the way is not private");
+        assert_eq!(mode_of(dir.parent().unwrap()), 0o755 & !umask(), "a parent made on the way is not private");
         assert_eq!(mode_of(&dir.join("handle-key")), 0o600);
         assert_eq!(HandleKey::load_or_create(&dir).unwrap().key, key.key, "the same key on the next start");
     }
@@ -224,6 +243,28 @@ mod tests {
         std::fs::remove_file(&link).unwrap();
         std::os::unix::fs::symlink(dir.path().join("plain"), &link).unwrap();
         assert!(HandleKey::load_or_create(&link).is_err());
+    }
+
+    #[test]
+    fn a_link_another_user_planted_is_not_followed() {
+        if unsafe { libc::geteuid() } != 0 {
+            return crate::testing::skip("needs root to give a link away");
+        }
+        // Another user's link where the state directory was to be, pointing at a directory
+        // of the server's own that others use: refused, and that directory left as it was.
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let shared = dir.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let link = dir.path().join("nasd");
+        std::os::unix::fs::symlink(&shared, &link).unwrap();
+        let c = std::ffi::CString::new(link.as_os_str().as_encoded_bytes()).unwrap();
+        assert_eq!(unsafe { libc::lchown(c.as_ptr(), 4321, 4321) }, 0);
+        let e = HandleKey::load_or_create(&link).unwrap_err();
+        assert!(format!("{e:#}").contains("symbolic link that belongs to uid 4321"), "{e:#}");
+        assert_eq!(mode_of(&shared), 0o1777);
+        assert!(!shared.join("handle-key").exists());
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub(crate) async fn serve(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
         let slot = shared.global_slot(None).await;
         let mut buf = vec![0u8; 65536];
         let received = socket.async_io(Interest::READABLE, || receive(socket.as_raw_fd(), &mut buf)).await;
-        let (n, peer, called) = match received {
+        let (n, peer, arrival) = match received {
             Ok(r) => r,
             Err(e) => {
                 tracing::debug!(error = %e, "udp receive failed");
@@ -32,12 +32,10 @@ pub(crate) async fn serve(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
             }
         };
         buf.truncate(n);
-        // The address the client called: the socket's own, or on a socket bound to every
+        // Where the client called: the socket's own address, or on a socket bound to every
         // address the one the kernel reported (`report_destinations`).
-        let local = match called {
-            Some(ip) if bound.ip().is_unspecified() => SocketAddr::new(ip, bound.port()),
-            _ => bound,
-        };
+        let arrival = arrival.filter(|_| bound.ip().is_unspecified());
+        let local = arrival.map_or(bound, |a| SocketAddr::new(a.addr, bound.port()));
         let shared = shared.clone();
         let socket = socket.clone();
         tokio::task::spawn_blocking(move || {
@@ -52,8 +50,7 @@ pub(crate) async fn serve(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
                     if let Some(answer) = guarded_answer(&shared, peer, buf.len(), body) {
                         // From the address called: a client that called a second address
                         // of this host drops a reply from the first.
-                        let from = bound.ip().is_unspecified().then_some(local.ip());
-                        if let Err(e) = send(socket.as_raw_fd(), &answer, peer, from) {
+                        if let Err(e) = send(socket.as_raw_fd(), &answer, peer, arrival) {
                             // UDP is best effort: the client retransmits.
                             tracing::debug!(client = %peer, error = %e, "udp reply not sent");
                         }
@@ -87,9 +84,16 @@ pub(crate) fn report_destinations(socket: &UdpSocket) -> std::io::Result<()> {
 #[repr(C, align(8))]
 struct Control([u8; 64]);
 
+/// Where a datagram arrived: the local address to answer from and the interface.
+#[derive(Debug, Clone, Copy)]
+struct Arrival {
+    addr: IpAddr,
+    ifindex: u32,
+}
+
 /// Receives one datagram into `buf`: its length, its sender and, where the socket reports
-/// them, the address it was sent to.
-fn receive(fd: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, SocketAddr, Option<IpAddr>)> {
+/// it, where it arrived.
+fn receive(fd: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, SocketAddr, Option<Arrival>)> {
     // SAFETY: all-zero is a valid sockaddr_storage, msghdr and control buffer.
     let mut name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let mut control = Control([0; 64]);
@@ -107,32 +111,51 @@ fn receive(fd: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, SocketAddr, Opt
         return Err(std::io::Error::last_os_error());
     }
     let peer = sockaddr::from_c(&name).ok_or_else(|| std::io::Error::other("datagram from an address that is not IP"))?;
-    let mut called = None;
-    // SAFETY: the kernel filled `msg_controllen` bytes of control messages; each is read
-    // within the length it gives, unaligned.
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Ok((n as usize, peer, None));
+    }
+    let mut arrival = None;
+    // SAFETY: the kernel filled `msg_controllen` bytes of control messages; one is read
+    // only if its length covers the structure, unaligned.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(&msg);
         while !c.is_null() {
+            let holds = |size: usize| (*c).cmsg_len as usize >= libc::CMSG_LEN(size as u32) as usize;
             match ((*c).cmsg_level, (*c).cmsg_type) {
-                (libc::IPPROTO_IP, libc::IP_PKTINFO) => {
+                (libc::IPPROTO_IP, libc::IP_PKTINFO) if holds(std::mem::size_of::<libc::in_pktinfo>()) => {
+                    // `ipi_spec_dst`, as knfsd answers from: the address called, or for a
+                    // broadcast the receiving interface's own address.
                     let info: libc::in_pktinfo = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
-                    called = Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(info.ipi_addr.s_addr))));
+                    let addr = IpAddr::V4(Ipv4Addr::from(u32::from_be(info.ipi_spec_dst.s_addr)));
+                    arrival = Some(Arrival { addr, ifindex: 0 });
                 }
-                (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
+                (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) if holds(std::mem::size_of::<libc::in6_pktinfo>()) => {
                     let info: libc::in6_pktinfo = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
-                    called = Some(IpAddr::V6(Ipv6Addr::from(info.ipi6_addr.s6_addr)));
+                    let addr = Ipv6Addr::from(info.ipi6_addr.s6_addr);
+                    // A multicast group is no address to answer from: the kernel chooses.
+                    if !addr.is_multicast() {
+                        arrival = Some(Arrival { addr: IpAddr::V6(addr), ifindex: info.ipi6_ifindex });
+                    }
                 }
                 _ => {}
             }
             c = libc::CMSG_NXTHDR(&msg, c);
         }
     }
-    Ok((n as usize, peer, called))
+    Ok((n as usize, peer, arrival))
 }
 
 /// Sends `payload` to `peer` without waiting (UDP is best effort: the client resends),
-/// from the address `from` when given.
-fn send(fd: RawFd, payload: &[u8], peer: SocketAddr, from: Option<IpAddr>) -> std::io::Result<()> {
+/// from where the call arrived when that is known. Should the kernel refuse that source
+/// (a broadcast address reported on a dual-stack socket), it chooses one itself.
+fn send(fd: RawFd, payload: &[u8], peer: SocketAddr, from: Option<Arrival>) -> std::io::Result<()> {
+    match send_from(fd, payload, peer, from) {
+        Err(e) if from.is_some() && e.raw_os_error() == Some(libc::EINVAL) => send_from(fd, payload, peer, None),
+        sent => sent,
+    }
+}
+
+fn send_from(fd: RawFd, payload: &[u8], peer: SocketAddr, from: Option<Arrival>) -> std::io::Result<()> {
     let (mut name, name_len) = sockaddr::to_c(peer);
     let mut control = Control([0; 64]);
     let mut iov = libc::iovec { iov_base: payload.as_ptr() as *mut libc::c_void, iov_len: payload.len() };
@@ -145,17 +168,18 @@ fn send(fd: RawFd, payload: &[u8], peer: SocketAddr, from: Option<IpAddr>) -> st
     if let Some(from) = from {
         // The socket's family decides the message: a v6 socket takes a v4 client's reply
         // source as a v4-mapped address.
-        let (level, kind, data): (libc::c_int, libc::c_int, Vec<u8>) = match (peer, from) {
+        let (level, kind, data): (libc::c_int, libc::c_int, Vec<u8>) = match (peer, from.addr) {
             (SocketAddr::V4(_), IpAddr::V4(a)) => {
                 let info = libc::in_pktinfo { ipi_ifindex: 0, ipi_spec_dst: libc::in_addr { s_addr: u32::from(a).to_be() }, ipi_addr: libc::in_addr { s_addr: 0 } };
                 (libc::IPPROTO_IP, libc::IP_PKTINFO, struct_bytes(&info))
             }
-            (SocketAddr::V6(_), from) => {
-                let a = match from {
+            (SocketAddr::V6(_), addr) => {
+                let a = match addr {
                     IpAddr::V6(a) => a,
                     IpAddr::V4(a) => a.to_ipv6_mapped(),
                 };
-                let info = libc::in6_pktinfo { ipi6_addr: libc::in6_addr { s6_addr: a.octets() }, ipi6_ifindex: 0 };
+                // The interface it came in on, as knfsd answers: a link-local source needs it.
+                let info = libc::in6_pktinfo { ipi6_addr: libc::in6_addr { s6_addr: a.octets() }, ipi6_ifindex: from.ifindex };
                 (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO, struct_bytes(&info))
             }
             (SocketAddr::V4(_), IpAddr::V6(_)) => return Err(std::io::Error::other("an IPv6 source for an IPv4 client")),
