@@ -102,7 +102,7 @@ async fn bind_tcp(addr: SocketAddr) -> anyhow::Result<TcpListener> {
 async fn bind_udp(addr: SocketAddr) -> anyhow::Result<UdpSocket> {
     let socket = UdpSocket::bind(addr).await.map_err(|e| UsageError(format!("cannot listen on udp {addr}: {e}")))?;
     if addr.ip().is_unspecified() {
-        udp::report_destinations(&socket).map_err(|e| UsageError(format!("udp {addr}: cannot learn the address each datagram was sent to: {e}")))?;
+        udp::report_destinations(&socket, addr).map_err(|e| UsageError(format!("udp {addr}: cannot learn the address each datagram was sent to: {e}")))?;
     }
     Ok(socket)
 }

@@ -66,8 +66,8 @@ pub(crate) async fn serve(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
 /// (`IP_PKTINFO`, `IPV6_RECVPKTINFO`): needed on a socket bound to every address, whose
 /// replies must come from the address the client called, and whose portmap answers name
 /// that address.
-pub(crate) fn report_destinations(socket: &UdpSocket) -> std::io::Result<()> {
-    let (level, option) = match socket.local_addr()? {
+pub(crate) fn report_destinations(socket: &impl AsRawFd, local: SocketAddr) -> std::io::Result<()> {
+    let (level, option) = match local {
         SocketAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_PKTINFO),
         SocketAddr::V6(_) => (libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO),
     };
@@ -243,6 +243,35 @@ fn reflection_refusal(reply: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A socket bound to every address of `family` answers a client that called
+    /// `called` from that address: the client's connected socket takes nothing else.
+    fn answers_from_the_address_called(any: &str, called: &str, expect: &str) {
+        let server = std::net::UdpSocket::bind(any).unwrap();
+        report_destinations(&server, server.local_addr().unwrap()).unwrap();
+        let port = server.local_addr().unwrap().port();
+        let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        client.connect((called, port)).unwrap();
+        client.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+        client.send(b"call").unwrap();
+        let mut buf = [0u8; 16];
+        let (n, peer, arrival) = receive(server.as_raw_fd(), &mut buf).unwrap();
+        assert_eq!(&buf[..n], b"call");
+        let arrival = arrival.expect("the kernel said where the call arrived");
+        assert_eq!(arrival.addr, expect.parse::<IpAddr>().unwrap());
+        send(server.as_raw_fd(), b"reply", peer, Some(arrival)).unwrap();
+        assert_eq!(client.recv(&mut buf).expect("the reply reached the connected client"), 5);
+    }
+
+    #[test]
+    fn replies_leave_from_the_address_called() {
+        answers_from_the_address_called("0.0.0.0:0", "127.0.0.2", "127.0.0.2");
+        answers_from_the_address_called("0.0.0.0:0", "127.0.0.1", "127.0.0.1");
+        // A dual-stack socket hears an IPv4 call as a v4-mapped address and answers from it.
+        if std::fs::read_to_string("/proc/sys/net/ipv6/bindv6only").is_ok_and(|v| v.trim() == "0") {
+            answers_from_the_address_called("[::]:0", "127.0.0.3", "::ffff:127.0.0.3");
+        }
+    }
 
     #[test]
     fn the_refusal_is_smaller_than_any_call_and_keeps_the_xid() {
