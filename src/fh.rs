@@ -200,6 +200,12 @@ mod tests {
         u32::from_str_radix(line.trim(), 8).unwrap()
     }
 
+    /// Gives `p` itself (not what a link points at) to uid and gid 4321. Needs root.
+    fn give_away(p: &Path) {
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        assert_eq!(unsafe { libc::lchown(c.as_ptr(), 4321, 4321) }, 0);
+    }
+
     fn mode_of(p: &Path) -> u32 {
         use std::os::unix::fs::PermissionsExt;
         std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
@@ -259,8 +265,7 @@ mod tests {
         std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
         let link = dir.path().join("nasd");
         std::os::unix::fs::symlink(&shared, &link).unwrap();
-        let c = std::ffi::CString::new(link.as_os_str().as_encoded_bytes()).unwrap();
-        assert_eq!(unsafe { libc::lchown(c.as_ptr(), 4321, 4321) }, 0);
+        give_away(&link);
         let e = HandleKey::load_or_create(&link).unwrap_err();
         assert!(format!("{e:#}").contains("symbolic link that belongs to uid 4321"), "{e:#}");
         assert_eq!(mode_of(&shared), 0o1777);
@@ -291,14 +296,10 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         HandleKey::load_or_create(dir.path()).unwrap();
-        let chown = |p: &Path| {
-            let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-            assert_eq!(unsafe { libc::lchown(c.as_ptr(), 4321, 4321) }, 0);
-        };
-        chown(&dir.path().join("handle-key"));
+        give_away(&dir.path().join("handle-key"));
         let e = HandleKey::load_or_create(dir.path()).unwrap_err();
         assert!(format!("{e:#}").contains("belongs to uid 4321"), "{e:#}");
-        chown(dir.path());
+        give_away(dir.path());
         let e = HandleKey::load_or_create(dir.path()).unwrap_err();
         assert!(format!("{e:#}").contains("state directory"), "{e:#}");
     }
