@@ -33,8 +33,8 @@ pub(crate) async fn serve(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
         };
         buf.truncate(n);
         // Where the client called: the socket's own address, or on a socket bound to every
-        // address the one the kernel reported (`report_destinations`).
-        let arrival = arrival.filter(|_| bound.ip().is_unspecified());
+        // address (the only kind asked to report it, `report_destinations`) the one the
+        // kernel reported.
         let local = arrival.map_or(bound, |a| SocketAddr::new(a.addr, bound.port()));
         let shared = shared.clone();
         let socket = socket.clone();
@@ -91,18 +91,26 @@ struct Arrival {
     ifindex: u32,
 }
 
+/// A message header for one datagram: its address `name` (`len` bytes of it used) and
+/// its data `iov`; no control messages yet.
+fn message(name: &mut libc::sockaddr_storage, len: libc::socklen_t, iov: &mut libc::iovec) -> libc::msghdr {
+    // SAFETY: all-zero is a valid msghdr.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = (name as *mut libc::sockaddr_storage).cast();
+    msg.msg_namelen = len;
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    msg
+}
+
 /// Receives one datagram into `buf`: its length, its sender and, where the socket reports
 /// it, where it arrived.
 fn receive(fd: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, SocketAddr, Option<Arrival>)> {
-    // SAFETY: all-zero is a valid sockaddr_storage, msghdr and control buffer.
+    // SAFETY: all-zero is a valid sockaddr_storage.
     let mut name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let mut control = Control([0; 64]);
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_name = (&mut name as *mut libc::sockaddr_storage).cast();
-    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
+    let mut msg = message(&mut name, std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t, &mut iov);
     msg.msg_control = control.0.as_mut_ptr().cast();
     msg.msg_controllen = control.0.len();
     // SAFETY: every pointer in `msg` points at a live buffer of the length given.
@@ -159,19 +167,14 @@ fn send_from(fd: RawFd, payload: &[u8], peer: SocketAddr, from: Option<Arrival>)
     let (mut name, name_len) = sockaddr::to_c(peer);
     let mut control = Control([0; 64]);
     let mut iov = libc::iovec { iov_base: payload.as_ptr() as *mut libc::c_void, iov_len: payload.len() };
-    // SAFETY: all-zero is a valid msghdr.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_name = (&mut name as *mut libc::sockaddr_storage).cast();
-    msg.msg_namelen = name_len;
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
+    let mut msg = message(&mut name, name_len, &mut iov);
     if let Some(from) = from {
         // The socket's family decides the message: a v6 socket takes a v4 client's reply
         // source as a v4-mapped address.
-        let (level, kind, data): (libc::c_int, libc::c_int, Vec<u8>) = match (peer, from.addr) {
+        match (peer, from.addr) {
             (SocketAddr::V4(_), IpAddr::V4(a)) => {
                 let info = libc::in_pktinfo { ipi_ifindex: 0, ipi_spec_dst: libc::in_addr { s_addr: u32::from(a).to_be() }, ipi_addr: libc::in_addr { s_addr: 0 } };
-                (libc::IPPROTO_IP, libc::IP_PKTINFO, struct_bytes(&info))
+                put_control(&mut msg, &mut control, libc::IPPROTO_IP, libc::IP_PKTINFO, info);
             }
             (SocketAddr::V6(_), addr) => {
                 let a = match addr {
@@ -180,22 +183,9 @@ fn send_from(fd: RawFd, payload: &[u8], peer: SocketAddr, from: Option<Arrival>)
                 };
                 // The interface it came in on, as knfsd answers: a link-local source needs it.
                 let info = libc::in6_pktinfo { ipi6_addr: libc::in6_addr { s6_addr: a.octets() }, ipi6_ifindex: from.ifindex };
-                (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO, struct_bytes(&info))
+                put_control(&mut msg, &mut control, libc::IPPROTO_IPV6, libc::IPV6_PKTINFO, info);
             }
             (SocketAddr::V4(_), IpAddr::V6(_)) => return Err(std::io::Error::other("an IPv6 source for an IPv4 client")),
-        };
-        // SAFETY: the control buffer holds one message of this size (checked below), and
-        // the header and data are written within it.
-        unsafe {
-            let space = libc::CMSG_SPACE(data.len() as u32) as usize;
-            assert!(space <= control.0.len(), "packet info fits the control buffer");
-            msg.msg_control = control.0.as_mut_ptr().cast();
-            msg.msg_controllen = space;
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = level;
-            (*c).cmsg_type = kind;
-            (*c).cmsg_len = libc::CMSG_LEN(data.len() as u32) as usize;
-            std::ptr::copy_nonoverlapping(data.as_ptr(), libc::CMSG_DATA(c), data.len());
         }
     }
     // SAFETY: every pointer in `msg` points at a live buffer of the length given.
@@ -206,9 +196,22 @@ fn send_from(fd: RawFd, payload: &[u8], peer: SocketAddr, from: Option<Arrival>)
     Ok(())
 }
 
-fn struct_bytes<T: Copy>(value: &T) -> Vec<u8> {
-    // SAFETY: a plain C struct read as the bytes it is made of.
-    unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), std::mem::size_of::<T>()) }.to_vec()
+/// Makes `value` the one control message of `msg`, in `control`.
+fn put_control<T: Copy>(msg: &mut libc::msghdr, control: &mut Control, level: libc::c_int, kind: libc::c_int, value: T) {
+    let size = std::mem::size_of::<T>() as u32;
+    // SAFETY: the buffer holds a message of this size (asserted), and the header and the
+    // value are written within it, the value unaligned.
+    unsafe {
+        let space = libc::CMSG_SPACE(size) as usize;
+        assert!(space <= control.0.len(), "the control message fits its buffer");
+        msg.msg_control = control.0.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        let c = libc::CMSG_FIRSTHDR(msg);
+        (*c).cmsg_level = level;
+        (*c).cmsg_type = kind;
+        (*c).cmsg_len = libc::CMSG_LEN(size) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<T>(), value);
+    }
 }
 
 /// A datagram's source address can be forged, so a reply larger than its call would let
@@ -244,8 +247,8 @@ fn reflection_refusal(reply: &[u8]) -> Vec<u8> {
 mod tests {
     use super::*;
 
-    /// A socket bound to every address of `family` answers a client that called
-    /// `called` from that address: the client's connected socket takes nothing else.
+    /// A socket bound to `any` (every address) answers a client that called `called` from
+    /// that address, reported as `expect`: the client's connected socket takes nothing else.
     fn answers_from_the_address_called(any: &str, called: &str, expect: &str) {
         let server = std::net::UdpSocket::bind(any).unwrap();
         report_destinations(&server, server.local_addr().unwrap()).unwrap();
