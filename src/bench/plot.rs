@@ -107,82 +107,60 @@ fn ratio_bars(r: &Results, jobs: &[&JobResult], suite: &str, path: &Path) -> DRe
     if r.has("local") {
         others.push("local".into());
     }
-    let n = jobs.len();
-    let height = (120 + n * (14 * others.len().max(1) + 12)).max(300) as u32;
-    let root = BitMapBackend::new(path, (1100, height)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut max = 1.0f64;
-    let mut min = 1.0f64;
-    for j in jobs {
-        for o in &others {
-            if let Some(v) = ratio(j.value("nasd"), j.value(o)).filter(|v| *v > 0.0) {
-                max = max.max(v);
-                min = min.min(v);
-            }
-        }
-    }
-    let (lo, hi) = ((min / 1.5).max(1e-3), max * 1.5);
-    let names: Vec<String> = jobs.iter().map(|j| j.job.name.clone()).collect();
-    let mut chart = ChartBuilder::on(&root)
-        .caption(format!("{suite}: nasd ÷ peer (higher = nasd faster)"), (FONT, 22))
-        .margin(12)
-        .x_label_area_size(45)
-        .y_label_area_size(260)
-        .build_cartesian_2d((lo..hi).log_scale(), 0f64..n as f64)?;
-    chart
-        .configure_mesh()
-        .x_desc("ratio nasd ÷ target (log scale; 1 = equal)")
-        .y_labels(n * 2 + 1)
-        .y_label_formatter(&|y| {
-            let i = (*y - 0.5).round();
-            if (y - 0.5 - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < names.len() {
-                names[names.len() - 1 - i as usize].clone()
-            } else {
-                String::new()
-            }
+    let series: Vec<BarSeries> = others
+        .iter()
+        .map(|o| BarSeries {
+            label: format!("nasd ÷ {o}"),
+            color: color_of(r, o),
+            values: jobs.iter().map(|j| ratio(j.value("nasd"), j.value(o))).collect(),
         })
-        .label_style((FONT, 13))
-        .axis_desc_style((FONT, 15))
-        .disable_y_mesh()
-        .draw()?;
-    let bar_h = 0.8 / others.len().max(1) as f64;
-    for (k, o) in others.iter().enumerate() {
-        let c = color_of(r, o);
-        let rects: Vec<Rectangle<(f64, f64)>> = jobs
-            .iter()
-            .enumerate()
-            .filter_map(|(i, j)| {
-                let v = ratio(j.value("nasd"), j.value(o)).filter(|v| *v > 0.0)?;
-                let y0 = (n - 1 - i) as f64 + 0.1 + k as f64 * bar_h;
-                Some(Rectangle::new([(lo, y0), (v, y0 + bar_h * 0.9)], c.filled()))
-            })
-            .collect();
-        chart.draw_series(rects)?.label(format!("nasd ÷ {o}")).legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], c.filled()));
-    }
-    chart.draw_series(LineSeries::new(vec![(1.0, 0.0), (1.0, n as f64)], BLACK.stroke_width(2)))?;
-    chart.configure_series_labels().position(SeriesLabelPosition::LowerRight).background_style(WHITE.mix(0.9)).border_style(BLACK).label_font((FONT, 14)).draw()?;
-    root.present()?;
-    Ok(())
+        .collect();
+    let caption = format!("{suite}: nasd ÷ peer (higher = nasd faster)");
+    // Ratios centre on 1 (equal), which must be on the scale and is marked.
+    log_bars(jobs, &series, &caption, "ratio nasd ÷ target (log scale; 1 = equal)", (1.0, 1.5), Some(1.0), path)
 }
 
 fn value_bars(r: &Results, jobs: &[&JobResult], path: &Path) -> DResult<()> {
-    let targets = r.target_names();
+    let series: Vec<BarSeries> = r
+        .target_names()
+        .into_iter()
+        .map(|t| BarSeries { color: color_of(r, &t), values: jobs.iter().map(|j| j.value(&t)).collect(), label: t })
+        .collect();
+    let hi = series.iter().flat_map(|s| s.values.iter().flatten()).cloned().fold(1.0, f64::max);
+    log_bars(jobs, &series, "metadata operations per second", "operations per second (log scale)", (hi, 2.0), None, path)
+}
+
+/// One bar per job and series, on a log scale.
+struct BarSeries {
+    label: String,
+    color: RGBColor,
+    /// Per job, in the jobs' order; `None` or non-positive: no bar.
+    values: Vec<Option<f64>>,
+}
+
+/// Horizontal bars, one row per job, its series side by side, on a log x axis that spans
+/// every bar (`seed`: a value the axis must include, and the margin factor at both ends);
+/// `mark`: an x where a vertical line is drawn.
+fn log_bars(jobs: &[&JobResult], series: &[BarSeries], caption: &str, x_desc: &str, seed: (f64, f64), mark: Option<f64>, path: &Path) -> DResult<()> {
     let n = jobs.len();
-    let root = BitMapBackend::new(path, (1100, (120 + n * (14 * targets.len() + 12)).max(300) as u32)).into_drawing_area();
+    let height = (120 + n * (14 * series.len().max(1) + 12)).max(300) as u32;
+    let root = BitMapBackend::new(path, (1100, height)).into_drawing_area();
     root.fill(&WHITE)?;
-    let vals: Vec<f64> = jobs.iter().flat_map(|j| targets.iter().filter_map(|t| j.value(t))).filter(|v| *v > 0.0).collect();
-    let hi = vals.iter().cloned().fold(1.0, f64::max) * 2.0;
-    let lo = vals.iter().cloned().fold(hi, f64::min) / 2.0;
+    let positive = || series.iter().flat_map(|s| s.values.iter().flatten()).cloned().filter(|v| *v > 0.0);
+    let (seed_value, margin) = seed;
+    let max = positive().fold(seed_value, f64::max);
+    let min = positive().fold(seed_value, f64::min);
+    let (lo, hi) = ((min / margin).max(1e-3), max * margin);
     let names: Vec<String> = jobs.iter().map(|j| j.job.name.clone()).collect();
     let mut chart = ChartBuilder::on(&root)
-        .caption("metadata operations per second", (FONT, 22))
+        .caption(caption, (FONT, 22))
         .margin(12)
         .x_label_area_size(45)
         .y_label_area_size(260)
         .build_cartesian_2d((lo..hi).log_scale(), 0f64..n as f64)?;
     chart
         .configure_mesh()
-        .x_desc("operations per second (log scale)")
+        .x_desc(x_desc)
         .y_labels(n * 2 + 1)
         .y_label_formatter(&|y| {
             let i = (*y - 0.5).round();
@@ -196,19 +174,23 @@ fn value_bars(r: &Results, jobs: &[&JobResult], path: &Path) -> DResult<()> {
         .axis_desc_style((FONT, 15))
         .disable_y_mesh()
         .draw()?;
-    let bar_h = 0.8 / targets.len() as f64;
-    for (k, t) in targets.iter().enumerate() {
-        let c = color_of(r, t);
-        let rects: Vec<Rectangle<(f64, f64)>> = jobs
+    let bar_h = 0.8 / series.len().max(1) as f64;
+    for (k, s) in series.iter().enumerate() {
+        let c = s.color;
+        let rects: Vec<Rectangle<(f64, f64)>> = s
+            .values
             .iter()
             .enumerate()
-            .filter_map(|(i, j)| {
-                let v = j.value(t).filter(|v| *v > 0.0)?;
+            .filter_map(|(i, v)| {
+                let v = v.filter(|v| *v > 0.0)?;
                 let y0 = (n - 1 - i) as f64 + 0.1 + k as f64 * bar_h;
                 Some(Rectangle::new([(lo, y0), (v, y0 + bar_h * 0.9)], c.filled()))
             })
             .collect();
-        chart.draw_series(rects)?.label(t.clone()).legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], c.filled()));
+        chart.draw_series(rects)?.label(s.label.clone()).legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], c.filled()));
+    }
+    if let Some(x) = mark {
+        chart.draw_series(LineSeries::new(vec![(x, 0.0), (x, n as f64)], BLACK.stroke_width(2)))?;
     }
     chart.configure_series_labels().position(SeriesLabelPosition::LowerRight).background_style(WHITE.mix(0.9)).border_style(BLACK).label_font((FONT, 14)).draw()?;
     root.present()?;
