@@ -18,20 +18,6 @@ from rig.nfsh import nfsh_popen, parse_lines  # noqa: E402
 from integration._common import ROOT, make_export, write_exports  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory):
-    export = make_export(tmp_path_factory.mktemp("handles"))
-    with Nasd(export, args=["--no-root-squash"]) as n:
-        yield n
-
-
-@pytest.fixture
-def c(srv):
-    with Nfs3Client(srv.host, srv.port, cred=ROOT) as cl:
-        cl.export_root = cl.root(srv.export_dir)
-        yield cl
-
-
 # ------------------------------------------------------------ stability
 
 def test_hold_and_read_across_restart(tmp_path):

@@ -28,20 +28,6 @@ needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root (chown, identity
 OWNER_UID, GROUP_GID = 1000, 2000
 
 
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory):
-    export = make_export(tmp_path_factory.mktemp("procs"))
-    with Nasd(export, args=["--no-root-squash"]) as n:
-        yield n
-
-
-@pytest.fixture
-def c(srv):
-    with Nfs3Client(srv.host, srv.port, cred=ROOT) as cl:
-        cl.export_root = cl.root(srv.export_dir)
-        yield cl
-
-
 @pytest.fixture
 def work(srv, c, request):
     """A fresh directory in the export for one test: (on-disk path, handle)."""

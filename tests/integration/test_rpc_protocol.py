@@ -19,13 +19,6 @@ from rig.rpc import (Nfs3Client, RpcClient, Packer, auth_sys, auth_raw, build_ca
 from integration._common import ROOT, make_export  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory):
-    export = make_export(tmp_path_factory.mktemp("rpc"))
-    with Nasd(export, args=["--no-root-squash"]) as n:
-        yield n
-
-
 @pytest.fixture
 def work(srv, request):
     """A fresh directory in the export (on disk path, handle) for one test."""
