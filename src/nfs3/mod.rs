@@ -64,7 +64,11 @@ impl RpcProgram for Nfs3 {
 
     fn refused_unchanged(&self, _procedure: u32, status: u32) -> bool {
         use xdr::Status;
-        [Status::Perm, Status::Access, Status::RoFs, Status::Stale, Status::BadHandle].iter().any(|s| *s as u32 == status)
+        // BADTYPE: a MKNOD of a type that is no special file is answered, as by knfsd,
+        // before its handle is looked at, so anyone can send it.
+        [Status::Perm, Status::Access, Status::RoFs, Status::Stale, Status::BadHandle, Status::BadType]
+            .iter()
+            .any(|s| *s as u32 == status)
     }
 
     fn procedure_name(&self, _version: u32, procedure: u32) -> &'static str {

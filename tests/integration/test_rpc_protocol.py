@@ -301,9 +301,10 @@ def test_drc_same_xid_other_args_or_other_client_is_a_new_call(srv, work):
 
 
 def test_refused_calls_do_not_push_real_replies_out_of_the_drc(tmp_path):
-    """A call refused before it changed anything (here: handles that name nothing) is
-    not remembered and makes no room: anyone can send such calls, and a stream of them
-    must not evict the reply of a real REMOVE from a full cache, whose retransmit would
+    """A call refused before it changed anything (handles that name nothing, a MKNOD of
+    a type that is not a special file, answered before its handle is looked at) is not
+    remembered and makes no room: anyone can send such calls, and a stream of them must
+    not evict the reply of a real REMOVE from a full cache, whose retransmit would
     otherwise run again (NOENT)."""
     export = make_export(tmp_path)
     (Path(export) / "victim").write_bytes(b"x")
@@ -318,6 +319,7 @@ def test_refused_calls_do_not_push_real_replies_out_of_the_drc(tmp_path):
         for i in range(100):
             bogus = bytes([i]) * 32
             assert c.remove(bogus, "x").status in (rpc.NFS3ERR_BADHANDLE, rpc.NFS3ERR_STALE)
+            assert c.mknod(bogus, "x", 1 + i % 2).status == rpc.NFS3ERR_BADTYPE  # NF3REG, NF3DIR
         again = c.resend(msg, xid)
         assert again.raw == first.raw, \
             f"retransmitted REMOVE ran again: {decode_result(rpc.NFSPROC3_REMOVE, again).status}"
