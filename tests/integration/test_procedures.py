@@ -207,6 +207,39 @@ def test_access_agrees_with_directory_operations(srv, c, work, mode):
 
 
 @needs_root
+@pytest.mark.parametrize("kind", ["file", "dir"])
+@pytest.mark.parametrize("cred", [ROOT, OWNER], ids=["root", "owner"])
+def test_access_denies_changes_to_an_immutable_object_even_to_owner_and_root(srv, c, work, kind, cred):
+    """Mode bits are not the whole answer for write: an immutable inode (`chattr +i`), like
+    a file system mounted read-only, refuses every change, to its owner and root as well
+    (knfsd's `nfsd_permission` asks the kernel). ACCESS must say so, or the client's
+    open for writing succeeds and the data fails only at write-back."""
+    d, dfh = work
+    p = d / "obj"
+    if kind == "dir":
+        p.mkdir()
+    else:
+        p.write_bytes(b"data")
+    os.chown(p, OWNER_UID, GROUP_GID)
+    os.chmod(p, 0o755)
+    subprocess.run(["chattr", "+i", str(p)], check=True)
+    try:
+        fh = c.lookup(dfh, "obj").fh
+        with Nfs3Client(srv.host, srv.port, cred=cred) as uc:
+            r = uc.access(fh, ACCESS3_ALL)
+            assert r.ok, f"ACCESS status {r.status}"
+            assert r.access & (M | E | D) == 0, f"granted {_bits(r.access)} on an immutable {kind}"
+            assert r.access & R, "reading an immutable object is allowed"
+            if kind == "file":
+                w = uc.write(fh, 0, b"x")
+                assert w.status == rpc.NFS3ERR_PERM, f"WRITE to an immutable file: status {w.status}"
+            else:
+                assert uc.create(fh, "new").status == rpc.NFS3ERR_PERM
+    finally:
+        subprocess.run(["chattr", "-i", str(p)], check=True)
+
+
+@needs_root
 def test_readdir_needs_read_not_search_permission(srv, c, work):
     """Listing a directory needs read permission on it, not search permission (a local
     process as the owner of a mode 0400 directory can readdir it); search without read

@@ -247,6 +247,19 @@ fn may_access(cred: &Cred, obj: &CachedObject, attr: &Attr, want: u32) -> VfsRes
     Ok(sys::may_access(obj.path_fd.as_raw_fd(), want)?.unwrap_or_else(|| may(cred, attr, want)))
 }
 
+/// What ACCESS grants: `may_access`, except that write is asked of the kernel for every
+/// caller. An immutable inode or a file system mounted read-only refuses changes to the
+/// owner and root too, which the mode bits do not show; knfsd's `nfsd_access` checks
+/// both, and a client told otherwise would open for writing and fail only at write-back.
+fn may_access_reported(cred: &Cred, obj: &CachedObject, attr: &Attr, want: u32) -> VfsResult<bool> {
+    if want & W != 0 && creds::enabled() {
+        if let Some(allowed) = sys::may_access(obj.path_fd.as_raw_fd(), want)? {
+            return Ok(allowed);
+        }
+    }
+    may_access(cred, obj, attr, want)
+}
+
 /// Whether the kernel will let `cred` make the ownership change `attrs` asks for (none
 /// asked: yes): root any; the owner only its group, to one it belongs to; else none.
 fn may_chown(cred: &Cred, attr: &Attr, attrs: &SetAttrs) -> bool {
@@ -861,7 +874,7 @@ impl Vfs for LocalFs {
         let mut granted = 0;
         // Only what the client asked about: each check may cost a syscall.
         for (bits, want) in checks {
-            if bits & mask != 0 && may_access(cred, &obj, &attr, want)? {
+            if bits & mask != 0 && may_access_reported(cred, &obj, &attr, want)? {
                 granted |= bits;
             }
         }
