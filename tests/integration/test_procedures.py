@@ -597,6 +597,30 @@ def test_link_of_a_directory_is_isdir_as_knfsd_answers(srv, c, work):
     assert sorted(os.listdir(d)) == ["sub"]
 
 
+@needs_root
+def test_link_needs_the_directory_not_the_file_as_knfsd(srv, c, work):
+    """LINK needs write and search permission on the directory and none on the file, as
+    with knfsd (`vfs_link`): the server's `fs.protected_hardlinks`, which stops a local
+    process from linking a file it may not read and write, does not apply to clients."""
+    d, dfh = work
+    f = d / "private"
+    f.write_bytes(b"secret")
+    os.chown(f, OWNER_UID, GROUP_GID)
+    os.chmod(f, 0o600)
+    for sub, mode in (("open", 0o777), ("closed", 0o755)):
+        (d / sub).mkdir()
+        os.chown(d / sub, OWNER_UID, GROUP_GID)
+        os.chmod(d / sub, mode)
+    fh = c.lookup(dfh, "private").fh
+    with Nfs3Client(srv.host, srv.port, cred=OTHER) as uc:
+        r = uc.link(fh, c.lookup(dfh, "open").fh, "l")
+        assert r.status == rpc.NFS3_OK, f"LINK into a directory the caller may write: status {r.status}"
+        r = uc.link(fh, c.lookup(dfh, "closed").fh, "l")
+        assert r.status == rpc.NFS3ERR_ACCES, f"LINK into a directory the caller may not write: status {r.status}"
+    assert os.stat(d / "open" / "l").st_ino == os.stat(f).st_ino and os.stat(f).st_nlink == 2
+    assert not (d / "closed" / "l").exists()
+
+
 def test_drc_link_replay(srv, c, work):
     d, dfh = work
     (d / "f").write_bytes(b"x")

@@ -1159,13 +1159,24 @@ impl Vfs for LocalFs {
         }
         let c = sys::component(name)?;
         let src = sys::proc_fd_path(obj.path_fd.as_raw_fd());
-        // SAFETY: valid C strings and fds; following the /proc link names the object itself.
-        let r = unsafe {
-            libc::linkat(libc::AT_FDCWD, src.as_ptr(), dobj.path_fd.as_raw_fd(), c.as_ptr(), libc::AT_SYMLINK_FOLLOW)
-        };
-        if r < 0 {
-            return Err(sys::last_err());
+        // The caller needs write and search permission on the directory, nothing on the
+        // file: knfsd calls `vfs_link`, which leaves out `fs.protected_hardlinks` (a local
+        // process may link only files it owns or may read and write). So the check is made
+        // here as the caller and the link as root; `linkat` still refuses an immutable or
+        // append-only file or directory, and a read-only mount, to root as well.
+        if !may_access(cred, &dobj, &dattr, W | X)? {
+            return Err(VfsError::Access);
         }
+        self.as_root(cred, || {
+            // SAFETY: valid C strings and fds; following the /proc link names the object itself.
+            let r = unsafe {
+                libc::linkat(libc::AT_FDCWD, src.as_ptr(), dobj.path_fd.as_raw_fd(), c.as_ptr(), libc::AT_SYMLINK_FOLLOW)
+            };
+            if r < 0 {
+                return Err(sys::last_err());
+            }
+            Ok(())
+        })?;
         self.commit_dir(cred, &dobj, &dattr, since)?;
         Ok((self.stat(&obj)?, self.dir_wcc(&dobj, &dattr)))
     }
