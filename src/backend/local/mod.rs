@@ -10,12 +10,14 @@ mod cache;
 mod close_check;
 pub mod creds;
 mod dirstream;
+mod held_up;
 mod sync;
 mod sys;
 
 use crate::vfs::*;
 use cache::{CachedObject, HandleCache, InodeKey, ObjectCache};
 use dirstream::{DirStream, DirStreams, EntryStat, LookAhead, StatBatch};
+use held_up::HeldUp;
 use std::ffi::{CStr, CString};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use sync::{SyncGroup, SyncKind, SyncTicket};
@@ -183,6 +185,8 @@ pub struct LocalFs {
     dir_streams: DirStreams,
     /// The file system refused `RWF_NOWAIT` for a buffered write: stop asking.
     no_nowait_writes: AtomicBool,
+    /// Whether writes without `RWF_NOWAIT` may still run where waiting is forbidden.
+    inline_writes: HeldUp,
     /// The file system refused `RWF_NOWAIT` for a read (tmpfs, vfat): reads that must not
     /// wait go to a thread that may.
     no_nowait_reads: AtomicBool,
@@ -358,6 +362,7 @@ impl LocalFs {
             handles: HandleCache::new(cfg.cache_capacity.saturating_mul(HANDLES_PER_OPEN_OBJECT)),
             dir_streams: DirStreams::default(),
             no_nowait_writes: AtomicBool::new(false),
+            inline_writes: HeldUp::default(),
             no_nowait_reads: AtomicBool::new(false),
             max_file_size,
             changes: cfg.changes.clone(),
@@ -701,23 +706,33 @@ impl LocalFs {
         tracing::warn!(export_id = self.fsid, "a sync failed: new write verifier, so clients resend their uncommitted writes");
     }
 
-    /// An UNSTABLE write on a thread that must not wait for the disk.
+    /// An UNSTABLE write on a thread that must not wait for the disk. Whole or not at all:
+    /// a short count would make the Linux client send the rest again as FILE_SYNC, so a
+    /// write the kernel cut short is done again, whole, by a thread that may wait.
     fn write_nowait(&self, fd: &OwnedFd, data: &[u8], offset: u64, size: u64) -> VfsResult<usize> {
         if !self.no_nowait_writes.load(Ordering::Relaxed) {
             match sys::pwrite_nowait(fd, data, offset)? {
-                Some(n) => return Ok(n),
+                Some(n) if n == data.len() => return Ok(n),
+                Some(_) => return Err(VfsError::WouldBlock),
                 None => self.no_nowait_writes.store(true, Ordering::Relaxed),
             }
         }
-        // Without RWF_NOWAIT: a buffered write of whole pages, or past the end of the file,
-        // only fills the page cache; a partial page may first have to be read from disk.
+        // Without RWF_NOWAIT (ext4): a buffered write of whole pages, or past the end of the
+        // file, needs no read from disk, unlike a partial page. It can still be held up
+        // when the kernel throttles writers of dirty pages, which would stall every
+        // connection this thread serves; once a write is, the next ones go to threads
+        // that may wait, until the kernel has caught up.
         const PAGE: u64 = 4096;
         let whole_pages = offset % PAGE == 0 && data.len() as u64 % PAGE == 0;
-        if whole_pages || offset >= size {
-            sys::pwrite(fd, data, offset, 0)
-        } else {
-            Err(VfsError::WouldBlock)
+        if !(whole_pages || offset >= size) || self.inline_writes.held_up() {
+            return Err(VfsError::WouldBlock);
         }
+        let started = std::time::Instant::now();
+        let r = sys::pwrite(fd, data, offset, 0);
+        if self.inline_writes.took(started.elapsed()) {
+            tracing::debug!(export_id = self.fsid, "a write to the page cache was held up: writes go to blocking threads for a while");
+        }
+        r
     }
 
     fn dir_wcc(&self, dir: &CachedObject, before: &Attr) -> Wcc {
