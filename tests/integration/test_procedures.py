@@ -321,6 +321,18 @@ def test_fsinfo_maxfilesize_is_writable(srv, c, work):
     assert os.stat(d / "sparse").st_size == maxsize
 
 
+@pytest.mark.parametrize("size", [1 << 63, (1 << 64) - 1], ids=["2^63", "2^64-1"])
+def test_setattr_size_beyond_any_file_is_fbig(srv, c, work, size):
+    """A size3 beyond what off_t holds is too big for any file: FBIG, as knfsd answers
+    (it takes the largest offset, which the file system refuses), not INVAL."""
+    d, dfh = work
+    (d / "f").write_bytes(b"keep")
+    fh = c.lookup(dfh, "f").fh
+    r = c.setattr(fh, size=size)
+    assert r.status == rpc.NFS3ERR_FBIG, f"SETATTR size={size}: status {r.status}"
+    assert (d / "f").read_bytes() == b"keep"
+
+
 def test_fsstat_matches_statvfs(srv, c):
     tol = 64 << 20   # other processes may be writing to the same file system
     before = os.statvfs(srv.export_dir)
@@ -587,6 +599,20 @@ def test_drc_rename_replay(srv, c, work):
     # the same request under a new XID really runs
     os.unlink(d / "a")
     assert c.rename(dfh, "a", dfh, "b").status == rpc.NFS3ERR_NOENT
+
+
+def test_commit_of_anything_but_a_file_is_refused_as_knfsd_answers(srv, c, work):
+    """COMMIT is for file data: knfsd answers ISDIR for a directory and INVAL for a
+    symbolic link or special file (`fh_verify(S_IFREG)`)."""
+    d, dfh = work
+    (d / "sub").mkdir()
+    os.symlink("target", d / "ln")
+    os.mkfifo(d / "fifo")
+    (d / "f").write_bytes(b"data")
+    for name, want in (("sub", rpc.NFS3ERR_ISDIR), ("ln", rpc.NFS3ERR_INVAL), ("fifo", rpc.NFS3ERR_INVAL),
+                       ("f", rpc.NFS3_OK)):
+        r = c.commit(c.lookup(dfh, name).fh)
+        assert r.status == want, f"COMMIT of {name}: status {r.status}, want {want}"
 
 
 def test_link_of_a_directory_is_isdir_as_knfsd_answers(srv, c, work):

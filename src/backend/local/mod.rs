@@ -982,16 +982,20 @@ impl Vfs for LocalFs {
 
     fn commit(&self, cred: &Cred, id: &ObjectId, _offset: u64, _count: u64) -> VfsResult<Wcc> {
         let (obj, before) = self.resolve(cred, id)?;
-        if before.kind == FileKind::Regular {
-            // As knfsd: only a caller who may write the file (or owns it) may have it
-            // synced, which costs the disk a flush.
-            if !may_io(cred, &obj, &before, W)? {
-                return Err(VfsError::Access);
-            }
-            if self.sync {
-                // Writes acknowledged before a failed sync are the verifier's to disown.
-                self.make_durable(cred, &obj, &before, SyncKind::Full, self.since(&obj))?;
-            }
+        // Only files hold data to commit; knfsd answers ISDIR and INVAL for the rest.
+        match before.kind {
+            FileKind::Regular => {}
+            FileKind::Directory => return Err(VfsError::IsDir),
+            _ => return Err(VfsError::Inval),
+        }
+        // As knfsd: only a caller who may write the file (or owns it) may have it synced,
+        // which costs the disk a flush.
+        if !may_io(cred, &obj, &before, W)? {
+            return Err(VfsError::Access);
+        }
+        if self.sync {
+            // Writes acknowledged before a failed sync are the verifier's to disown.
+            self.make_durable(cred, &obj, &before, SyncKind::Full, self.since(&obj))?;
         }
         Ok(Wcc { before: Some(PreOpAttr::from(&before)), after: self.stat(&obj).ok() })
     }

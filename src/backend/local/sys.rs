@@ -394,9 +394,12 @@ fn ext_journal(devname: &str, proc_fs: &std::path::Path) -> MetadataLog {
     }
 }
 
+/// Sets a file's size. A size beyond what `off_t` holds is taken as its largest value, as
+/// knfsd does, so the file system answers EFBIG (FBIG) rather than a negative size EINVAL.
 pub fn ftruncate(fd: &OwnedFd, size: u64) -> VfsResult<()> {
+    let size = size.min(i64::MAX as u64) as i64;
     // SAFETY: plain syscall on an owned fd.
-    check(unsafe { libc::ftruncate(fd.as_raw_fd(), size as i64) }).map(|_| ())
+    check(unsafe { libc::ftruncate(fd.as_raw_fd(), size) }).map(|_| ())
 }
 
 pub fn lseek_set(fd: &OwnedFd, pos: u64) -> VfsResult<()> {
