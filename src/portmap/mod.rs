@@ -148,8 +148,15 @@ impl RpcProgram for Portmap {
                 out.bool(false);
             }
             Args::Dump => {
+                // The addresses are the one called, so their netid is of its family.
+                let v6 = crate::exports::canonical_ip(ctx.local.ip()).is_ipv6();
                 for m in self.mappings() {
-                    let netid = if m.protocol == IPPROTO_TCP { "tcp" } else { "udp" };
+                    let netid = match (m.protocol == IPPROTO_TCP, v6) {
+                        (true, false) => "tcp",
+                        (true, true) => "tcp6",
+                        (false, false) => "udp",
+                        (false, true) => "udp6",
+                    };
                     out.bool(true);
                     out.u32(m.program);
                     out.u32(m.version);
@@ -185,6 +192,47 @@ mod tests {
     fn universal_addresses() {
         assert_eq!(Portmap::universal_address("127.0.0.1:111".parse().unwrap(), 2049), "127.0.0.1.8.1");
         assert_eq!(Portmap::universal_address("[::ffff:10.0.0.1]:111".parse().unwrap(), 20048), "10.0.0.1.78.80");
+    }
+
+    /// rpcbind v3 DUMP: (netid, universal address) of every entry, asked at `local`.
+    fn rpcb_dump(local: &str) -> Vec<(String, String)> {
+        let pm = Portmap::new(Arc::new(AtomicU16::new(2049)), 111);
+        let ctx = CallContext {
+            xid: 1,
+            program: PROGRAM,
+            version: 3,
+            procedure: 4,
+            credential: crate::rpc::Credential::None,
+            peer: "127.0.0.1:900".parse().unwrap(),
+            local: local.parse().unwrap(),
+            transport: crate::rpc::Transport::Tcp,
+            may_block: false,
+        };
+        let mut out = XdrWriter::new();
+        pm.call(&ctx, &mut XdrReader::new(&[]), &mut out).unwrap();
+        let bytes = out.into_inner();
+        let mut r = XdrReader::new(&bytes);
+        let mut entries = Vec::new();
+        while r.bool().unwrap() {
+            let (_program, _version) = (r.u32().unwrap(), r.u32().unwrap());
+            let netid = String::from_utf8(r.opaque(64).unwrap().to_vec()).unwrap();
+            let uaddr = String::from_utf8(r.opaque(64).unwrap().to_vec()).unwrap();
+            let _owner = r.opaque(64).unwrap();
+            entries.push((netid, uaddr));
+        }
+        entries
+    }
+
+    #[test]
+    fn rpcbind_dump_names_netids_of_the_family_called() {
+        let v4 = rpcb_dump("127.0.0.1:111");
+        assert!(!v4.is_empty());
+        assert!(v4.iter().all(|(n, a)| (n == "tcp" || n == "udp") && a.starts_with("127.0.0.1.")), "{v4:?}");
+        let v6 = rpcb_dump("[::1]:111");
+        assert!(v6.iter().all(|(n, a)| (n == "tcp6" || n == "udp6") && a.starts_with("::1.")), "{v6:?}");
+        assert_eq!(v6.iter().filter(|(n, _)| n == "tcp6").count(), v4.iter().filter(|(n, _)| n == "tcp").count());
+        // An IPv4 client of a dual-stack socket is an IPv4 client.
+        assert_eq!(rpcb_dump("[::ffff:127.0.0.1]:111"), v4);
     }
 
     #[test]
