@@ -615,6 +615,21 @@ def test_commit_of_anything_but_a_file_is_refused_as_knfsd_answers(srv, c, work)
         assert r.status == want, f"COMMIT of {name}: status {r.status}, want {want}"
 
 
+def test_dot_names_are_refused_as_knfsd_answers(srv, c, work):
+    """"." and ".." cannot be removed or renamed: ACCES for REMOVE and RMDIR
+    (`nfsd_unlink`), PERM for RENAME from or to them (`nfsd_rename`), and nothing moves."""
+    d, dfh = work
+    (d / "sub").mkdir()
+    (d / "f").write_bytes(b"")
+    sfh = c.lookup(dfh, "sub").fh
+    for name in (".", ".."):
+        assert c.remove(sfh, name).status == rpc.NFS3ERR_ACCES, f"REMOVE {name}"
+        assert c.rmdir(sfh, name).status == rpc.NFS3ERR_ACCES, f"RMDIR {name}"
+        assert c.rename(sfh, name, dfh, "moved").status == rpc.NFS3ERR_PERM, f"RENAME from {name}"
+        assert c.rename(dfh, "f", sfh, name).status == rpc.NFS3ERR_PERM, f"RENAME to {name}"
+    assert sorted(os.listdir(d)) == ["f", "sub"] and os.listdir(d / "sub") == []
+
+
 def test_link_of_a_directory_is_isdir_as_knfsd_answers(srv, c, work):
     d, dfh = work
     (d / "sub").mkdir()

@@ -1108,8 +1108,9 @@ impl Vfs for LocalFs {
         let _modifying = self.modifying();
         let (dobj, dattr) = self.resolve_dir(cred, dir)?;
         let since = self.since(&dobj);
+        // ACCES for "." and "..", REMOVE or RMDIR alike, as knfsd's `nfsd_unlink` answers.
         if is_dot_or_dotdot(name) {
-            return Err(VfsError::Inval);
+            return Err(VfsError::Access);
         }
         let c = sys::component(name)?;
         self.evict_name(&dobj, &c);
@@ -1125,10 +1126,8 @@ impl Vfs for LocalFs {
         let _modifying = self.modifying();
         let (dobj, dattr) = self.resolve_dir(cred, dir)?;
         let since = self.since(&dobj);
-        match name {
-            b"." => return Err(VfsError::Inval),
-            b".." => return Err(VfsError::NotEmpty),
-            _ => {}
+        if is_dot_or_dotdot(name) {
+            return Err(VfsError::Access);
         }
         let c = sys::component(name)?;
         self.evict_name(&dobj, &c);
@@ -1145,8 +1144,9 @@ impl Vfs for LocalFs {
         let (fobj, fattr) = self.resolve_dir(cred, from_dir)?;
         let (tobj, tattr) = self.resolve_dir(cred, to_dir)?;
         let (fsince, tsince) = (self.since(&fobj), self.since(&tobj));
+        // PERM, as knfsd's `nfsd_rename` answers.
         if is_dot_or_dotdot(from) || is_dot_or_dotdot(to) {
-            return Err(VfsError::Inval);
+            return Err(VfsError::Perm);
         }
         let fc = sys::component(from)?;
         let tc = sys::component(to)?;
