@@ -408,6 +408,12 @@ def test_exclusive_create_verifier(srv, work):
         # a plain file that happens to exist is not "ours" either
         (d / "plain").write_bytes(b"")
         assert c.create(dfh, "plain", how="exclusive", verf=v1).status == rpc.NFS3ERR_EXIST
+        # nor one holding data, even with the verifier's times (knfsd: size 0 as well)
+        st = os.stat(d / "ex")
+        (d / "ex").write_bytes(b"written since")
+        os.utime(d / "ex", ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert c.create(dfh, "ex", how="exclusive", verf=v1).status == rpc.NFS3ERR_EXIST
+        assert (d / "ex").read_bytes() == b"written since"
 
 
 @pytest.mark.parametrize("proto", PROTOS)

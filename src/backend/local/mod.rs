@@ -1045,7 +1045,9 @@ impl Vfs for LocalFs {
                     }
                     Err(VfsError::Exist) => {
                         let (id, attr, fd) = self.open_entry(&dobj, &c)?;
-                        let same = attr.kind == FileKind::Regular && attr.atime.sec == a && attr.mtime.sec == m;
+                        // Empty as well, as knfsd checks: no data can follow a create
+                        // before its reply reached the client.
+                        let same = attr.kind == FileKind::Regular && attr.size == 0 && attr.atime.sec == a && attr.mtime.sec == m;
                         if !same {
                             return Err(VfsError::Exist);
                         }
