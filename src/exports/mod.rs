@@ -11,6 +11,7 @@ use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, ToSocketAddrs};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -224,7 +225,40 @@ struct NameCache {
     state: Mutex<Names>,
     /// Signalled when a first lookup ends.
     looked_up: Condvar,
+    /// Threads inside a lookup or waiting for another's.
+    busy: AtomicUsize,
 }
+
+/// Threads at most inside a name lookup or waiting for one. They come from the pool that
+/// also runs every client's stable writes and namespace changes, so calls from addresses
+/// whose names take long to resolve (a slow resolver, an attacker rotating addresses or
+/// forging UDP sources) must not take them all: beyond this, a client whose name is not
+/// known yet is served as one without a name until lookups end.
+const LOOKUP_THREADS: usize = 8;
+
+/// One of the [`LOOKUP_THREADS`], given back when dropped.
+struct LookupThread<'a>(&'a AtomicUsize);
+
+impl<'a> LookupThread<'a> {
+    fn take(names: &'a NameCache) -> Option<Self> {
+        if names.busy.fetch_add(1, Ordering::AcqRel) >= LOOKUP_THREADS {
+            names.busy.fetch_sub(1, Ordering::AcqRel);
+            if let Some(held_back) = LOOKUPS_FULL.allow() {
+                tracing::warn!(held_back, "{LOOKUP_THREADS} client name lookups under way: clients whose names are not known yet are served as nameless meanwhile");
+            }
+            return None;
+        }
+        Some(Self(&names.busy))
+    }
+}
+
+impl Drop for LookupThread<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+static LOOKUPS_FULL: crate::throttle::Throttle = crate::throttle::Throttle::new(60);
 
 #[derive(Default)]
 struct Names {
@@ -256,6 +290,7 @@ fn cached_name(
     resolve: impl FnOnce(IpAddr) -> Option<String>,
 ) -> Result<Option<String>, NameNotResolved> {
     let mut state = names.state.lock();
+    let mut thread = None;
     loop {
         if let Some(known) = state.known.get_mut(&client) {
             if known.at.elapsed() < NAME_TTL || known.refreshing {
@@ -264,12 +299,24 @@ fn cached_name(
             if !may_resolve {
                 return Err(NameNotResolved);
             }
-            // Expired, and nobody resolving it: this caller does.
+            // Expired, and nobody resolving it: this caller does, if a thread may.
+            if thread.is_none() {
+                thread = LookupThread::take(names);
+                if thread.is_none() {
+                    return Ok(known.name.clone());
+                }
+            }
             known.refreshing = true;
             break;
         }
         if !may_resolve {
             return Err(NameNotResolved);
+        }
+        if thread.is_none() {
+            thread = LookupThread::take(names);
+            if thread.is_none() {
+                return Ok(None);
+            }
         }
         if state.first_lookups.insert(client) || names.looked_up.wait_for(&mut state, FIRST_LOOKUP_WAIT).timed_out() {
             break;
@@ -459,6 +506,41 @@ mod tests {
             held.join().unwrap()
         });
         (held, lookups.load(Ordering::SeqCst))
+    }
+
+    #[test]
+    fn lookups_take_at_most_their_share_of_threads() {
+        let names = NameCache::default();
+        let ip = |i: usize| -> IpAddr { format!("10.9.0.{i}").parse().unwrap() };
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let release = std::sync::Barrier::new(LOOKUP_THREADS + 1);
+        std::thread::scope(|scope| {
+            let held: Vec<_> = (0..LOOKUP_THREADS)
+                .map(|i| {
+                    let (names, started_tx, release) = (&names, started_tx.clone(), &release);
+                    scope.spawn(move || {
+                        cached_name(names, ip(i), true, |_| {
+                            started_tx.send(()).unwrap();
+                            release.wait();
+                            Some(format!("host{i}.example"))
+                        })
+                    })
+                })
+                .collect();
+            for _ in 0..LOOKUP_THREADS {
+                started_rx.recv().unwrap();
+            }
+            // Every lookup thread is taken: a new client is nameless, at once and uncached,
+            // and so is a second caller for a client being looked up (it would wait).
+            assert_eq!(cached_name(&names, ip(100), true, |_| unreachable!("no thread for it")), Ok(None));
+            assert_eq!(cached_name(&names, ip(0), true, |_| unreachable!("no thread for it")), Ok(None));
+            release.wait();
+            for (i, h) in held.into_iter().enumerate() {
+                assert_eq!(h.join().unwrap(), Ok(Some(format!("host{i}.example"))));
+            }
+        });
+        assert_eq!(names.busy.load(Ordering::SeqCst), 0);
+        assert_eq!(cached_name(&names, ip(100), true, |_| Some("late.example".into())), Ok(Some("late.example".into())));
     }
 
     #[test]
