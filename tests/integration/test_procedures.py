@@ -239,6 +239,25 @@ def test_access_denies_changes_to_an_immutable_object_even_to_owner_and_root(srv
         subprocess.run(["chattr", "-i", str(p)], check=True)
 
 
+def test_readdirplus_fills_maxcount_whatever_dircount_says(srv, c, work):
+    """READDIRPLUS replies are bounded by maxcount alone, as knfsd's ("we choose to ignore
+    the dircount parameter"): Linux clients before 5.18 send dircount = maxcount / 8,
+    which honoured would cut a reply of ~190 entries to ~100 and double the round trips
+    of `ls -l` on a large directory."""
+    d, dfh = work
+    sub = d / "many"
+    sub.mkdir()
+    for i in range(400):
+        (sub / f"entry-{i:04d}").write_bytes(b"")
+    fh = c.lookup(dfh, "many").fh
+    small = c.readdirplus(fh, dircount=32768 >> 3, maxcount=32768)
+    full = c.readdirplus(fh, dircount=32768, maxcount=32768)
+    assert small.ok and full.ok
+    assert len(small.entries) == len(full.entries) > 100, (len(small.entries), len(full.entries))
+    assert len(small.reply.raw) <= 32768 + 64
+    assert all(a is not None and h for _, _, _, a, h in small.entries)
+
+
 @needs_root
 def test_readdir_needs_read_not_search_permission(srv, c, work):
     """Listing a directory needs read permission on it, not search permission (a local

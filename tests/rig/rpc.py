@@ -570,6 +570,10 @@ class nfs3_args:
         return Packer().opaque(fh).u64(cookie).fixed(verf).u32(count).bytes()
 
     @staticmethod
+    def readdirplus(fh, cookie=0, verf=b"\0" * 8, dircount=8192, maxcount=32768) -> bytes:
+        return Packer().opaque(fh).u64(cookie).fixed(verf).u32(dircount).u32(maxcount).bytes()
+
+    @staticmethod
     def commit(fh, offset=0, count=0) -> bytes:
         return Packer().opaque(fh).u64(offset).u32(count).bytes()
 
@@ -647,6 +651,18 @@ def decode_result(proc: int, reply: Reply, mount: bool = False) -> NfsResult:
                 name = u.opaque()
                 cookie = u.u64()
                 entries.append((fileid, name.decode(errors="surrogateescape"), cookie))
+            f["entries"], f["eof"] = entries, u.bool()
+    elif proc == NFSPROC3_READDIRPLUS:
+        f["dir_attr"] = _post_op_attr(u)
+        if ok:
+            f["cookieverf"] = u.fixed(8)
+            entries = []
+            while u.bool():
+                fileid = u.u64()
+                name = u.opaque()
+                cookie = u.u64()
+                attr, fh = _post_op_attr(u), _post_op_fh(u)
+                entries.append((fileid, name.decode(errors="surrogateescape"), cookie, attr, fh))
             f["entries"], f["eof"] = entries, u.bool()
     elif proc == NFSPROC3_ACCESS:
         f["attr"] = _post_op_attr(u)
@@ -773,6 +789,9 @@ class Nfs3Client(RpcClient):
 
     def link(self, fh, todir, toname, **kw):
         return self.nfs(NFSPROC3_LINK, nfs3_args.link(fh, todir, toname), **kw)
+
+    def readdirplus(self, fh, cookie=0, verf=b"\0" * 8, dircount=8192, maxcount=32768, **kw):
+        return self.nfs(NFSPROC3_READDIRPLUS, nfs3_args.readdirplus(fh, cookie, verf, dircount, maxcount), **kw)
 
     def readdir(self, fh, cookie=0, verf=b"\0" * 8, count=8192, **kw):
         return self.nfs(NFSPROC3_READDIR, nfs3_args.readdir(fh, cookie, verf, count), **kw)
