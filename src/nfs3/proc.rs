@@ -6,13 +6,15 @@ use crate::server::state::{Admitted, ServerState};
 use crate::vfs::{Attr, Blocking, DirEntry, ObjectId, VfsError, Wcc};
 use crate::xdr::{pad4, XdrWriter};
 
-/// A failed procedure: its status and how many empty optional results (post_op_attr /
-/// pre_op_attr "not present") follow the status in that procedure's failure arm.
+/// A failed procedure: its status and the shape of its failure arm (how many optional
+/// results, post_op_attr or pre_op_attr, follow the status).
 struct Failure {
     status: Status,
     empty_optionals: usize,
-    /// Directory attributes worth returning even on failure (LOOKUP).
-    dir_attr: Option<Attr>,
+    /// The attributes after the call of the objects the arm's post_op_attrs describe, in
+    /// their order, where known. Pre-op attributes stay empty, as knfsd leaves them when
+    /// it fails before a change; the client then revalidates nothing it need not.
+    post_op: [Option<Attr>; 2],
     /// Nothing was done: the call must run again on a thread that may wait for the disk.
     would_block: bool,
 }
@@ -32,7 +34,22 @@ fn max_io(ctx: &CallContext) -> u32 {
 }
 
 fn fail(n: usize) -> impl Fn(VfsError) -> Failure {
-    move |e| Failure { status: e.into(), empty_optionals: n, dir_attr: None, would_block: e == VfsError::WouldBlock }
+    move |e| Failure { status: e.into(), empty_optionals: n, post_op: [None, None], would_block: e == VfsError::WouldBlock }
+}
+
+/// [`fail`] for a call on admitted objects (one, or the two of RENAME and LINK, in the
+/// order of the arm's post_op_attrs): the failure carries their attributes, as knfsd's
+/// failure replies do.
+fn fail_on<'a>(objects: &'a [&'a Admitted], n: usize) -> impl Fn(VfsError) -> Failure + 'a {
+    move |e| {
+        let mut f = fail(n)(e);
+        if !f.would_block {
+            for (slot, adm) in f.post_op.iter_mut().zip(objects) {
+                *slot = adm.rt.vfs.getattr(&adm.cred, &adm.obj).ok();
+            }
+        }
+        f
+    }
 }
 
 /// Failure shapes: GETATTR has no results; most have one post_op_attr; modifying
@@ -91,9 +108,19 @@ pub fn run(state: &ServerState, ctx: &CallContext, args: Args<'_>, out: &mut Xdr
             return Err(ProcError::WouldBlock);
         }
         out.u32(f.status as u32);
-        match f.dir_attr {
-            Some(a) => put_post_op_attr(out, Some(&a)),
-            None => (0..f.empty_optionals).for_each(|_| out.bool(false)),
+        let [first, second] = &f.post_op;
+        match f.empty_optionals {
+            ATTR => put_post_op_attr(out, first.as_ref()),
+            WCC => put_wcc(out, &Wcc { before: None, after: first.clone() }),
+            ATTR_WCC => {
+                put_post_op_attr(out, first.as_ref());
+                put_wcc(out, &Wcc { before: None, after: second.clone() });
+            }
+            TWO_WCC => {
+                put_wcc(out, &Wcc { before: None, after: first.clone() });
+                put_wcc(out, &Wcc { before: None, after: second.clone() });
+            }
+            n => (0..n).for_each(|_| out.bool(false)),
         }
     }
     Ok(())
@@ -143,7 +170,7 @@ fn setattr(
     out: &mut XdrWriter,
 ) -> ProcResult {
     let adm = admit_write(state, ctx, fh, WCC)?;
-    let wcc = adm.rt.vfs.setattr(&adm.cred, &adm.obj, attrs, guard).map_err(fail(WCC))?;
+    let wcc = adm.rt.vfs.setattr(&adm.cred, &adm.obj, attrs, guard).map_err(fail_on(&[&adm], WCC))?;
     put_wcc(out, &wcc);
     Ok(())
 }
@@ -161,8 +188,7 @@ fn lookup(state: &ServerState, ctx: &CallContext, at: &DirOp<'_>, out: &mut XdrW
         }
         Err(e) => {
             // Directory attributes let the client cache the negative result.
-            let dir_attr = adm.rt.vfs.getattr(&adm.cred, &adm.obj).ok();
-            Err(Failure { status: e.into(), empty_optionals: ATTR, dir_attr, would_block: false })
+            Err(fail_on(&[&adm], ATTR)(e))
         }
     }
 }
@@ -170,7 +196,7 @@ fn lookup(state: &ServerState, ctx: &CallContext, at: &DirOp<'_>, out: &mut XdrW
 fn access(state: &ServerState, ctx: &CallContext, fh: &[u8], mask: u32, out: &mut XdrWriter) -> ProcResult {
     use crate::vfs::access::*;
     let adm = admit(state, ctx, fh, ATTR)?;
-    let (mut granted, attr) = adm.rt.vfs.access(&adm.cred, &adm.obj, mask).map_err(fail(ATTR))?;
+    let (mut granted, attr) = adm.rt.vfs.access(&adm.cred, &adm.obj, mask).map_err(fail_on(&[&adm], ATTR))?;
     if adm.options.read_only {
         granted &= !(MODIFY | EXTEND | DELETE);
     }
@@ -181,7 +207,7 @@ fn access(state: &ServerState, ctx: &CallContext, fh: &[u8], mask: u32, out: &mu
 
 fn readlink(state: &ServerState, ctx: &CallContext, fh: &[u8], out: &mut XdrWriter) -> ProcResult {
     let adm = admit(state, ctx, fh, ATTR)?;
-    let (target, attr) = adm.rt.vfs.readlink(&adm.cred, &adm.obj).map_err(fail(ATTR))?;
+    let (target, attr) = adm.rt.vfs.readlink(&adm.cred, &adm.obj).map_err(fail_on(&[&adm], ATTR))?;
     put_post_op_attr(out, Some(&attr));
     out.opaque(&target);
     Ok(())
@@ -195,7 +221,7 @@ fn read(state: &ServerState, ctx: &CallContext, fh: &[u8], offset: u64, count: u
     let adm = admit(state, ctx, fh, ATTR)?;
     let count = count.min(max_io(ctx)) as usize;
     if count >= IN_PLACE_READ_MIN && ctx.transport == Transport::Tcp && !ctx.may_block {
-        if let Some((r, data)) = adm.rt.vfs.read_in_place(&adm.cred, &adm.obj, offset, count).map_err(fail(ATTR))? {
+        if let Some((r, data)) = adm.rt.vfs.read_in_place(&adm.cred, &adm.obj, offset, count).map_err(fail_on(&[&adm], ATTR))? {
             put_post_op_attr(out, Some(&r.attr));
             out.u32(r.count as u32);
             out.bool(r.eof);
@@ -217,7 +243,7 @@ fn read(state: &ServerState, ctx: &CallContext, fh: &[u8], offset: u64, count: u
         result = Some(adm.rt.vfs.read(&adm.cred, &adm.obj, offset, count, buf, blocking(ctx))?);
         Ok(())
     })
-    .map_err(fail(ATTR))?;
+    .map_err(fail_on(&[&adm], ATTR))?;
     let r = result.expect("set on success");
     let mut attr = XdrWriter::with_capacity(FATTR3_SIZE);
     put_fattr(&mut attr, &r.attr);
@@ -241,7 +267,7 @@ fn write(
     // The verifier from before the write: if a sync fails meanwhile and renews it, the
     // client must see the change, since its data may be among what was lost.
     let verifier = adm.rt.vfs.write_verifier();
-    let r = adm.rt.vfs.write(&adm.cred, &adm.obj, offset, data, stable, blocking(ctx)).map_err(fail(WCC))?;
+    let r = adm.rt.vfs.write(&adm.cred, &adm.obj, offset, data, stable, blocking(ctx)).map_err(fail_on(&[&adm], WCC))?;
     put_wcc(out, &r.wcc);
     out.u32(r.count as u32);
     out.u32(stable_code(r.committed));
@@ -260,7 +286,7 @@ fn create_like(
 ) -> ProcResult {
     let adm = admit_write(state, ctx, at.dir, WCC)?;
     check_name(at.name, WCC)?;
-    let c = op(&adm, at.name).map_err(fail(WCC))?;
+    let c = op(&adm, at.name).map_err(fail_on(&[&adm], WCC))?;
     put_post_op_fh(out, Some(&state.file_handle(&adm.rt, &c.obj)));
     put_post_op_attr(out, Some(&c.attr));
     put_wcc(out, &c.dir_wcc);
@@ -271,7 +297,7 @@ fn remove_like(state: &ServerState, ctx: &CallContext, at: &DirOp<'_>, out: &mut
     let adm = admit_write(state, ctx, at.dir, WCC)?;
     check_name(at.name, WCC)?;
     let wcc = if dir { adm.rt.vfs.rmdir(&adm.cred, &adm.obj, at.name) } else { adm.rt.vfs.remove(&adm.cred, &adm.obj, at.name) };
-    put_wcc(out, &wcc.map_err(fail(WCC))?);
+    put_wcc(out, &wcc.map_err(fail_on(&[&adm], WCC))?);
     Ok(())
 }
 
@@ -283,7 +309,7 @@ fn rename(state: &ServerState, ctx: &CallContext, from: &DirOp<'_>, to: &DirOp<'
     if src.rt.export.id != dst.rt.export.id {
         return Err(fail(TWO_WCC)(VfsError::XDev));
     }
-    let (a, b) = src.rt.vfs.rename(&src.cred, &src.obj, from.name, &dst.obj, to.name).map_err(fail(TWO_WCC))?;
+    let (a, b) = src.rt.vfs.rename(&src.cred, &src.obj, from.name, &dst.obj, to.name).map_err(fail_on(&[&src, &dst], TWO_WCC))?;
     put_wcc(out, &a);
     put_wcc(out, &b);
     Ok(())
@@ -296,7 +322,7 @@ fn link(state: &ServerState, ctx: &CallContext, fh: &[u8], to: &DirOp<'_>, out: 
     if file.rt.export.id != dir.rt.export.id {
         return Err(fail(ATTR_WCC)(VfsError::XDev));
     }
-    let (attr, wcc) = file.rt.vfs.link(&file.cred, &file.obj, &dir.obj, to.name).map_err(fail(ATTR_WCC))?;
+    let (attr, wcc) = file.rt.vfs.link(&file.cred, &file.obj, &dir.obj, to.name).map_err(fail_on(&[&file, &dir], ATTR_WCC))?;
     put_post_op_attr(out, Some(&attr));
     put_wcc(out, &wcc);
     Ok(())
@@ -349,9 +375,9 @@ fn readdir(state: &ServerState, ctx: &CallContext, fh: &[u8], cookie: u64, maxco
             }
             true
         })
-        .map_err(fail(ATTR))?;
+        .map_err(fail_on(&[&adm], ATTR))?;
     if too_small {
-        return Err(Failure { status: Status::TooSmall, empty_optionals: ATTR, dir_attr: Some(end.dir_attr), would_block: false });
+        return Err(Failure { status: Status::TooSmall, empty_optionals: ATTR, post_op: [Some(end.dir_attr), None], would_block: false });
     }
     out.bool(false);
     out.bool(end.eof);
@@ -363,7 +389,7 @@ fn readdir(state: &ServerState, ctx: &CallContext, fh: &[u8], cookie: u64, maxco
 
 fn fsstat(state: &ServerState, ctx: &CallContext, fh: &[u8], out: &mut XdrWriter) -> ProcResult {
     let adm = admit(state, ctx, fh, ATTR)?;
-    let (s, attr) = adm.rt.vfs.fsstat(&adm.cred, &adm.obj).map_err(fail(ATTR))?;
+    let (s, attr) = adm.rt.vfs.fsstat(&adm.cred, &adm.obj).map_err(fail_on(&[&adm], ATTR))?;
     put_post_op_attr(out, Some(&attr));
     for v in [s.total_bytes, s.free_bytes, s.avail_bytes, s.total_files, s.free_files, s.avail_files] {
         out.u64(v);
@@ -412,7 +438,7 @@ fn pathconf(state: &ServerState, ctx: &CallContext, fh: &[u8], out: &mut XdrWrit
 
 fn commit(state: &ServerState, ctx: &CallContext, fh: &[u8], offset: u64, count: u32, out: &mut XdrWriter) -> ProcResult {
     let adm = admit_write(state, ctx, fh, WCC)?;
-    let wcc: Wcc = adm.rt.vfs.commit(&adm.cred, &adm.obj, offset, count as u64).map_err(fail(WCC))?;
+    let wcc: Wcc = adm.rt.vfs.commit(&adm.cred, &adm.obj, offset, count as u64).map_err(fail_on(&[&adm], WCC))?;
     put_wcc(out, &wcc);
     out.fixed(&adm.rt.vfs.write_verifier());
     Ok(())

@@ -634,6 +634,43 @@ def test_commit_of_anything_but_a_file_is_refused_as_knfsd_answers(srv, c, work)
         assert r.status == want, f"COMMIT of {name}: status {r.status}, want {want}"
 
 
+@needs_root
+def test_failure_replies_carry_the_attributes_after_the_call(srv, c, work):
+    """Every failure arm of RFC 1813 has room for the objects' attributes, and knfsd fills
+    it: a client then updates its cache from the reply instead of revalidating (an EXIST
+    from an O_EXCL lock-file race, a NOENT, an ACCES). Pre-op attributes stay empty; a
+    handle that names nothing has nothing to report."""
+    d, dfh = work
+    (d / "f").write_bytes(b"data")
+    os.chown(d / "f", OWNER_UID, GROUP_GID)
+    os.chmod(d / "f", 0o600)
+    (d / "sub").mkdir()
+    dir_ino, file_ino, sub_ino = (os.stat(d / n).st_ino for n in (".", "f", "sub"))
+    fh, sfh = c.lookup(dfh, "f").fh, c.lookup(dfh, "sub").fh
+
+    def after(wcc):
+        pre, post = wcc
+        assert pre is None
+        return post.fileid if post else None
+
+    r = c.create(dfh, "f", how="guarded")
+    assert r.status == rpc.NFS3ERR_EXIST and after(r.dir_wcc) == dir_ino
+    r = c.remove(dfh, "missing")
+    assert r.status == rpc.NFS3ERR_NOENT and after(r.wcc) == dir_ino
+    r = c.rename(dfh, "missing", sfh, "x")
+    assert r.status == rpc.NFS3ERR_NOENT and (after(r.from_wcc), after(r.to_wcc)) == (dir_ino, sub_ino)
+    r = c.link(fh, dfh, "sub")
+    assert r.status == rpc.NFS3ERR_EXIST and r.attr.fileid == file_ino and after(r.dir_wcc) == dir_ino
+    with Nfs3Client(srv.host, srv.port, cred=OTHER) as uc:
+        r = uc.read(fh, 0, 4)
+        assert r.status == rpc.NFS3ERR_ACCES and r.attr.fileid == file_ino
+        r = uc.write(fh, 0, b"x")
+        assert r.status == rpc.NFS3ERR_ACCES and after(r.wcc) == file_ino
+    r = c.remove(b"\x01" * 32, "f")
+    assert r.status in (rpc.NFS3ERR_BADHANDLE, rpc.NFS3ERR_STALE) and r.wcc == (None, None)
+    assert (d / "f").read_bytes() == b"data"
+
+
 def test_dot_names_are_refused_as_knfsd_answers(srv, c, work):
     """"." and ".." cannot be removed or renamed: ACCES for REMOVE and RMDIR
     (`nfsd_unlink`), PERM for RENAME from or to them (`nfsd_rename`), and nothing moves."""
