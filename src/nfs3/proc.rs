@@ -333,7 +333,7 @@ fn link(state: &ServerState, ctx: &CallContext, fh: &[u8], to: &DirOp<'_>, out: 
 const COOKIE_VERIFIER: [u8; 8] = [0; 8];
 
 /// READDIR and READDIRPLUS, whose reply `maxcount` bounds. READDIRPLUS's `dircount` (the
-/// directory part alone) is a hint that knfsd ignores too: Linux clients before 5.18 sent
+/// directory part alone) is a hint that knfsd ignores too: older Linux clients send
 /// an eighth of maxcount, which honoured would nearly halve the entries per reply.
 fn readdir(state: &ServerState, ctx: &CallContext, fh: &[u8], cookie: u64, maxcount: u32, plus: bool, out: &mut XdrWriter) -> ProcResult {
     let adm = admit(state, ctx, fh, ATTR)?;

@@ -241,7 +241,7 @@ def test_access_denies_changes_to_an_immutable_object_even_to_owner_and_root(srv
 
 def test_readdirplus_fills_maxcount_whatever_dircount_says(srv, c, work):
     """READDIRPLUS replies are bounded by maxcount alone, as knfsd's ("we choose to ignore
-    the dircount parameter"): Linux clients before 5.18 send dircount = maxcount / 8,
+    the dircount parameter"): older Linux clients send dircount = maxcount / 8,
     which honoured would cut a reply of ~190 entries to ~100 and double the round trips
     of `ls -l` on a large directory."""
     d, dfh = work
