@@ -641,28 +641,17 @@ def decode_result(proc: int, reply: Reply, mount: bool = False) -> NfsResult:
     elif proc == NFSPROC3_LINK:
         f["attr"] = _post_op_attr(u)
         f["dir_wcc"] = _wcc(u)
-    elif proc == NFSPROC3_READDIR:
+    elif proc in (NFSPROC3_READDIR, NFSPROC3_READDIRPLUS):
+        # entries: (fileid, name, cookie), READDIRPLUS's with (..., attr, fh) added
         f["dir_attr"] = _post_op_attr(u)
         if ok:
             f["cookieverf"] = u.fixed(8)
             entries = []
             while u.bool():
-                fileid = u.u64()
-                name = u.opaque()
-                cookie = u.u64()
-                entries.append((fileid, name.decode(errors="surrogateescape"), cookie))
-            f["entries"], f["eof"] = entries, u.bool()
-    elif proc == NFSPROC3_READDIRPLUS:
-        f["dir_attr"] = _post_op_attr(u)
-        if ok:
-            f["cookieverf"] = u.fixed(8)
-            entries = []
-            while u.bool():
-                fileid = u.u64()
-                name = u.opaque()
-                cookie = u.u64()
-                attr, fh = _post_op_attr(u), _post_op_fh(u)
-                entries.append((fileid, name.decode(errors="surrogateescape"), cookie, attr, fh))
+                entry = (u.u64(), u.opaque().decode(errors="surrogateescape"), u.u64())
+                if proc == NFSPROC3_READDIRPLUS:
+                    entry += (_post_op_attr(u), _post_op_fh(u))
+                entries.append(entry)
             f["entries"], f["eof"] = entries, u.bool()
     elif proc == NFSPROC3_ACCESS:
         f["attr"] = _post_op_attr(u)
