@@ -207,7 +207,8 @@ const NAME_TTL: Duration = Duration::from_secs(60);
 const NAME_CACHE_ENTRIES: usize = 4096;
 
 /// A wildcard rule needs the client's name, which is not known yet, and the caller may not
-/// wait for the resolver: ask again where waiting is allowed.
+/// wait for the resolver: ask again where waiting is allowed, or (where it was, but every
+/// lookup thread is taken) later.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NameNotResolved;
 
@@ -232,8 +233,8 @@ struct NameCache {
 /// Threads at most inside a name lookup or waiting for one. They come from the pool that
 /// also runs every client's stable writes and namespace changes, so calls from addresses
 /// whose names take long to resolve (a slow resolver, an attacker rotating addresses or
-/// forging UDP sources) must not take them all: beyond this, a client whose name is not
-/// known yet is served as one without a name until lookups end.
+/// forging UDP sources) must not take them all: beyond this, a call whose client's name
+/// is not known yet is told to come back later ([`NameNotResolved`]).
 const LOOKUP_THREADS: usize = 8;
 
 /// One of the [`LOOKUP_THREADS`], given back when dropped.
@@ -244,7 +245,7 @@ impl<'a> LookupThread<'a> {
         if names.busy.fetch_add(1, Ordering::AcqRel) >= LOOKUP_THREADS {
             names.busy.fetch_sub(1, Ordering::AcqRel);
             if let Some(held_back) = LOOKUPS_FULL.allow() {
-                tracing::warn!(held_back, "{LOOKUP_THREADS} client name lookups under way: clients whose names are not known yet are served as nameless meanwhile");
+                tracing::warn!(held_back, "{LOOKUP_THREADS} client name lookups under way: calls of clients whose names are not known yet are told to retry");
             }
             return None;
         }
@@ -315,7 +316,7 @@ fn cached_name(
         if thread.is_none() {
             thread = LookupThread::take(names);
             if thread.is_none() {
-                return Ok(None);
+                return Err(NameNotResolved);
             }
         }
         if state.first_lookups.insert(client) || names.looked_up.wait_for(&mut state, FIRST_LOOKUP_WAIT).timed_out() {
@@ -530,10 +531,10 @@ mod tests {
             for _ in 0..LOOKUP_THREADS {
                 started_rx.recv().unwrap();
             }
-            // Every lookup thread is taken: a new client is nameless, at once and uncached,
-            // and so is a second caller for a client being looked up (it would wait).
-            assert_eq!(cached_name(&names, ip(100), true, |_| unreachable!("no thread for it")), Ok(None));
-            assert_eq!(cached_name(&names, ip(0), true, |_| unreachable!("no thread for it")), Ok(None));
+            // Every lookup thread is taken: a new client's call is told to come back, at
+            // once, and so is a second caller for a client being looked up (it would wait).
+            assert_eq!(cached_name(&names, ip(100), true, |_| unreachable!("no thread for it")), Err(NameNotResolved));
+            assert_eq!(cached_name(&names, ip(0), true, |_| unreachable!("no thread for it")), Err(NameNotResolved));
             release.wait();
             for (i, h) in held.into_iter().enumerate() {
                 assert_eq!(h.join().unwrap(), Ok(Some(format!("host{i}.example"))));

@@ -37,6 +37,19 @@ pub mod proc {
     pub const NAMES: [&str; 6] = ["NULL", "MNT", "DUMP", "UMNT", "UMNTALL", "EXPORT"];
 }
 
+/// Why MNT gives no file handle.
+enum Refusal {
+    Status(MountStatus),
+    /// Nothing is answered; the client's retransmission may fare better.
+    TryLater,
+}
+
+impl From<MountStatus> for Refusal {
+    fn from(s: MountStatus) -> Self {
+        Refusal::Status(s)
+    }
+}
+
 /// mountstat3
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u32)]
@@ -103,8 +116,15 @@ impl Mount3 {
         Self { state }
     }
 
-    fn mnt(&self, ctx: &CallContext, path: &[u8], out: &mut XdrWriter) {
-        let result = self.resolve(ctx, path);
+    /// MNT. A client whose name cannot be looked up yet (every lookup thread taken) gets
+    /// no answer: MOUNT has no "try again later", and a refusal would fail the mount, where
+    /// the client's retransmission will find a thread.
+    fn mnt(&self, ctx: &CallContext, path: &[u8], out: &mut XdrWriter) -> Result<(), ProcError> {
+        let result = match self.resolve(ctx, path) {
+            Err(Refusal::TryLater) => return Err(ProcError::Drop),
+            Err(Refusal::Status(status)) => Err(status),
+            Ok(fh) => Ok(fh),
+        };
         if let Some(held_back) = MOUNT_LOG.allow() {
             let path = String::from_utf8_lossy(path);
             match &result {
@@ -123,16 +143,20 @@ impl Mount3 {
             }
             Err(status) => out.u32(status as u32),
         }
+        Ok(())
     }
 
-    fn resolve(&self, ctx: &CallContext, path: &[u8]) -> Result<Vec<u8>, MountStatus> {
+    fn resolve(&self, ctx: &CallContext, path: &[u8]) -> Result<Vec<u8>, Refusal> {
         let path = std::str::from_utf8(path).map_err(|_| MountStatus::Inval)?;
         if !path.is_empty() && !path.starts_with('/') {
-            return Err(MountStatus::Inval);
+            return Err(MountStatus::Inval.into());
         }
         let (export, rest) = self.state.exports_table_lookup(path).ok_or(MountStatus::NoEnt)?;
         let rt = self.state.export_by_id(export).ok_or(MountStatus::NoEnt)?;
-        let options = self.state.client_options(&rt, ctx).map_err(|_| MountStatus::Access)?;
+        let options = self.state.client_options(&rt, ctx).map_err(|e| match e {
+            VfsError::Jukebox => Refusal::TryLater,
+            _ => Refusal::Status(MountStatus::Access),
+        })?;
         let cred = squash(&options, &ctx.credential);
         let mut obj = rt.vfs.root();
         for comp in rest.components() {
@@ -140,17 +164,17 @@ impl Mount3 {
                 Component::Normal(name) => {
                     let (next, attr) = rt.vfs.lookup(&cred, &obj, name.as_encoded_bytes()).map_err(MountStatus::from)?;
                     if attr.kind != FileKind::Directory {
-                        return Err(MountStatus::NotDir);
+                        return Err(MountStatus::NotDir.into());
                     }
                     obj = next;
                 }
                 Component::CurDir => {}
-                _ => return Err(MountStatus::Inval),
+                _ => return Err(MountStatus::Inval.into()),
             }
         }
         let attr = rt.vfs.getattr(&cred, &obj).map_err(MountStatus::from)?;
         if attr.kind != FileKind::Directory {
-            return Err(MountStatus::NotDir);
+            return Err(MountStatus::NotDir.into());
         }
         Ok(self.state.file_handle(&rt, &obj))
     }
@@ -229,7 +253,7 @@ impl RpcProgram for Mount3 {
         let args = Args::decode(ctx.procedure, args).ok_or(ProcError::ProcUnavail)??;
         match args {
             Args::Null => {}
-            Args::Mnt(path) => self.mnt(ctx, path, out),
+            Args::Mnt(path) => self.mnt(ctx, path, out)?,
             Args::Dump => self.dump(ctx, out),
             Args::Umnt(path) => {
                 let path = listed_path(&String::from_utf8_lossy(path));

@@ -65,8 +65,9 @@ impl RpcProgram for Nfs3 {
     fn refused_unchanged(&self, _procedure: u32, status: u32) -> bool {
         use xdr::Status;
         // BADTYPE: a MKNOD of a type that is no special file is answered, as by knfsd,
-        // before its handle is looked at, so anyone can send it.
-        [Status::Perm, Status::Access, Status::RoFs, Status::Stale, Status::BadHandle, Status::BadType]
+        // before its handle is looked at, so anyone can send it. JUKEBOX asks the client
+        // to send the call again: kept, its retransmission would get only this answer.
+        [Status::Perm, Status::Access, Status::RoFs, Status::Stale, Status::BadHandle, Status::BadType, Status::Jukebox]
             .iter()
             .any(|s| *s as u32 == status)
     }

@@ -43,7 +43,9 @@ fn fail(n: usize) -> impl Fn(VfsError) -> Failure {
 fn fail_on<'a>(objects: &'a [&'a Admitted], n: usize) -> impl Fn(VfsError) -> Failure + 'a {
     move |e| {
         let mut f = fail(n)(e);
-        if !f.would_block {
+        // A handle that names nothing has nothing to report, and looking again would
+        // only repeat the search that failed.
+        if !f.would_block && !matches!(e, VfsError::Stale | VfsError::BadHandle) {
             for (slot, adm) in f.post_op.iter_mut().zip(objects) {
                 *slot = adm.rt.vfs.getattr(&adm.cred, &adm.obj).ok();
             }

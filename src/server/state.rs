@@ -68,8 +68,10 @@ impl ServerState {
     pub fn client_options(&self, rt: &ExportRuntime, ctx: &CallContext) -> Result<ExportOptions, VfsError> {
         let ip = canonical_ip(ctx.peer.ip());
         // On a thread that must not wait, a name the resolver would have to find moves the
-        // call to one that may.
-        let opts = rt.export.options_for(ip, ctx.may_block).map_err(|_| VfsError::WouldBlock)?.ok_or(VfsError::Access)?;
+        // call to one that may; there, with every lookup thread taken, the client is told
+        // to retry (JUKEBOX) rather than refused for want of a name.
+        let not_yet = if ctx.may_block { VfsError::Jukebox } else { VfsError::WouldBlock };
+        let opts = rt.export.options_for(ip, ctx.may_block).map_err(|_| not_yet)?.ok_or(VfsError::Access)?;
         if opts.secure && ctx.peer.port() >= 1024 {
             tracing::debug!(client = %ctx.peer, export = %rt.export.path.display(), "refused: source port is not privileged (export is 'secure')");
             return Err(VfsError::Perm);

@@ -161,18 +161,43 @@ struct CapData {
     inheritable: u32,
 }
 
+/// `CAP_FOWNER`: acting as the owner of any file. Raised only around LINK, whose
+/// `fs.protected_hardlinks` check (a local process may link only files it owns or may read
+/// and write) knfsd does not apply to clients.
+const CAP_FOWNER: u32 = 3;
+
 /// Raises or drops `CAP_SYS_RESOURCE` in this thread's effective set, leaving every other
 /// capability as it is (the file-system ones follow the fsuid).
 fn set_resource_override(on: bool) {
+    set_effective(CAP_SYS_RESOURCE, on);
+}
+
+/// Runs `f` with `CAP_FOWNER` raised on this thread, under whatever identity the thread
+/// has, and puts it back as it was. Every other check of the caller's stays: permission
+/// on directories, quotas and reserved blocks, immutable files.
+pub fn with_owner_override<T>(f: impl FnOnce() -> T) -> T {
+    let was = set_effective(CAP_FOWNER, true);
+    let r = f();
+    if was == Some(false) {
+        set_effective(CAP_FOWNER, false);
+    }
+    r
+}
+
+/// Raises (where permitted) or drops one capability in this thread's effective set,
+/// leaving the others as they are; whether it was raised before (`None`: unknown, the
+/// kernel refused).
+fn set_effective(cap: u32, on: bool) -> Option<bool> {
     let mut header = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
     let mut data = [CapData::default(); 2];
     // SAFETY: capget/capset on the calling thread with a v3 header and two data words.
     unsafe {
         if libc::syscall(libc::SYS_capget, &mut header as *mut CapHeader, data.as_mut_ptr()) != 0 {
             tracing::warn!(error = %std::io::Error::last_os_error(), "capget");
-            return;
+            return None;
         }
-        let bit = 1u32 << CAP_SYS_RESOURCE;
+        let bit = 1u32 << cap;
+        let was = data[0].effective & bit != 0;
         if on {
             data[0].effective |= bit & data[0].permitted;
         } else {
@@ -180,7 +205,9 @@ fn set_resource_override(on: bool) {
         }
         if libc::syscall(libc::SYS_capset, &mut header as *mut CapHeader, data.as_ptr()) != 0 {
             tracing::warn!(error = %std::io::Error::last_os_error(), "capset");
+            return None;
         }
+        Some(was)
     }
 }
 

@@ -329,11 +329,18 @@ impl LocalFs {
                 cfg.path.display()
             )
         })?;
-        if creds::enabled() && matches!(sys::may_access(root_fd.as_raw_fd(), libc::R_OK as u32), Ok(None)) {
-            tracing::warn!(
-                export = %cfg.path.display(),
-                "this kernel has no faccessat2 (Linux 5.8): permissions of callers other than a file's owner follow its mode bits alone, so POSIX ACL entries that grant or deny more than the mode's group bits are not applied"
-            );
+        if creds::enabled() {
+            // As root, reading the export's own root: only a filter of the call refuses it.
+            let probe = sys::may_access(root_fd.as_raw_fd(), libc::R_OK as u32);
+            if matches!(probe, Ok(Some(false)) | Err(_)) {
+                sys::faccessat2_refused();
+            }
+            if !matches!(probe, Ok(Some(true))) {
+                tracing::warn!(
+                    export = %cfg.path.display(),
+                    "faccessat2 is missing (Linux before 5.8) or refused (a seccomp filter): permissions follow mode bits alone, so POSIX ACL entries that grant or deny more than the mode's group bits, immutable files and read-only mounts are not seen in ACCESS replies"
+                );
+            }
         }
         let verifier = AtomicU64::new(rand::random());
         let max_file_size = sys::max_file_size(root_fd.as_raw_fd());
@@ -842,6 +849,11 @@ impl Vfs for LocalFs {
             return Err(VfsError::Perm);
         }
         if let Some(size) = attrs.size {
+            // Beyond FSINFO's maxfilesize: FBIG, as knfsd answers, also where the file
+            // system itself would take it (tmpfs, XFS and btrfs go up to 2^63 - 1).
+            if size > self.max_file_size {
+                return Err(VfsError::FBig);
+            }
             let fd = self.file_fd_for(cred, &obj, &before, W)?;
             sys::ftruncate(&fd, size)?;
         }
@@ -1182,17 +1194,12 @@ impl Vfs for LocalFs {
         let src = sys::proc_fd_path(obj.path_fd.as_raw_fd());
         // The caller needs write and search permission on the directory, nothing on the
         // file: knfsd calls `vfs_link`, which leaves out `fs.protected_hardlinks` (a local
-        // process may link only files it owns or may read and write). So the check is made
-        // here as the caller and the link as root; `linkat` still refuses an immutable or
-        // append-only file or directory, and a read-only mount, to root as well.
-        if !may_access(cred, &dobj, &dattr, W | X)? {
-            return Err(VfsError::Access);
-        }
-        self.as_root(cred, || {
+        // process may link only files it owns or may read and write). Acting as the file's
+        // owner lifts that check alone; the directory's permissions, quotas and reserved
+        // blocks, immutable files and read-only mounts are the caller's as before.
+        creds::with_owner_override(|| {
             // SAFETY: valid C strings and fds; following the /proc link names the object itself.
-            let r = unsafe {
-                libc::linkat(libc::AT_FDCWD, src.as_ptr(), dobj.path_fd.as_raw_fd(), c.as_ptr(), libc::AT_SYMLINK_FOLLOW)
-            };
+            let r = unsafe { libc::linkat(libc::AT_FDCWD, src.as_ptr(), dobj.path_fd.as_raw_fd(), c.as_ptr(), libc::AT_SYMLINK_FOLLOW) };
             if r < 0 {
                 return Err(sys::last_err());
             }

@@ -105,11 +105,24 @@ pub fn fstat(fd: RawFd) -> VfsResult<libc::stat> {
     Ok(st)
 }
 
+/// `faccessat2` answers EPERM for everything (a seccomp filter that predates it, as older
+/// container runtimes install): [`may_access`] then says it cannot tell.
+static FACCESSAT2_REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Records that `faccessat2` refused root a read of a directory, which only a filter of
+/// the system call itself does.
+pub fn faccessat2_refused() {
+    FACCESSAT2_REFUSED.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Whether the calling thread, with its current file-system identity (fsuid, fsgid,
 /// groups), may access the object `fd` holds (`mode`: `R_OK`/`W_OK`/`X_OK` bits), as the
 /// kernel decides for a local process: mode bits and POSIX ACLs. `None` where the kernel
 /// has no `faccessat2` (before 5.8).
 pub fn may_access(fd: RawFd, mode: u32) -> VfsResult<Option<bool>> {
+    if FACCESSAT2_REFUSED.load(std::sync::atomic::Ordering::Relaxed) {
+        return Ok(None);
+    }
     // SAFETY: a valid C string; AT_EACCESS checks the thread's fsuid/fsgid, not its real ids.
     let r = unsafe {
         libc::syscall(libc::SYS_faccessat2, fd, c"".as_ptr(), mode as libc::c_int, libc::AT_EMPTY_PATH | libc::AT_EACCESS)
