@@ -121,6 +121,18 @@ ACCESS_CASES = [
 ]
 
 
+def _owned_object(d, kind, mode):
+    """`d/obj`, a directory or a small script, owned by OWNER_UID:GROUP_GID with `mode`."""
+    p = d / "obj"
+    if kind == "dir":
+        p.mkdir()
+    else:
+        p.write_bytes(b"#!/bin/sh\n")
+    os.chown(p, OWNER_UID, GROUP_GID)
+    os.chmod(p, mode)
+    return p
+
+
 def _cred_name(cr):
     return {OWNER: "owner", GROUP: "group", SUPPL: "suppl", OTHER: "other", ROOT: "root",
             OWNER_IN_GROUP: "owner_in_group", MEMBER_NOT_OWNER: "member"}[cr]
@@ -131,13 +143,7 @@ def _cred_name(cr):
                          ids=[f"{k}-{m:o}-{_cred_name(cr)}" for k, m, cr, _ in ACCESS_CASES])
 def test_access_follows_mode_bits_and_identity(srv, c, work, kind, mode, cred, expect):
     d, dfh = work
-    p = d / "obj"
-    if kind == "dir":
-        p.mkdir()
-    else:
-        p.write_bytes(b"#!/bin/sh\n")
-    os.chown(p, OWNER_UID, GROUP_GID)
-    os.chmod(p, mode)
+    p = _owned_object(d, kind, mode)
     fh = c.lookup(dfh, "obj").fh
     st = os.stat(p)
     assert stat.S_IMODE(st.st_mode) == mode
@@ -215,13 +221,7 @@ def test_access_denies_changes_to_an_immutable_object_even_to_owner_and_root(srv
     (knfsd's `nfsd_permission` asks the kernel). ACCESS must say so, or the client's
     open for writing succeeds and the data fails only at write-back."""
     d, dfh = work
-    p = d / "obj"
-    if kind == "dir":
-        p.mkdir()
-    else:
-        p.write_bytes(b"data")
-    os.chown(p, OWNER_UID, GROUP_GID)
-    os.chmod(p, 0o755)
+    p = _owned_object(d, kind, 0o755)
     made = subprocess.run(["chattr", "+i", str(p)], capture_output=True, text=True)
     if made.returncode != 0:
         pytest.skip(f"the test file system takes no inode flags (chattr +i: {made.stderr.strip()})")
