@@ -241,15 +241,20 @@ const LOOKUP_THREADS: usize = 8;
 struct LookupThread<'a>(&'a AtomicUsize);
 
 impl<'a> LookupThread<'a> {
-    fn take(names: &'a NameCache) -> Option<Self> {
+    /// Whether `held` holds one of the threads, taking one if it holds none yet.
+    fn hold(held: &mut Option<Self>, names: &'a NameCache) -> bool {
+        if held.is_some() {
+            return true;
+        }
         if names.busy.fetch_add(1, Ordering::AcqRel) >= LOOKUP_THREADS {
             names.busy.fetch_sub(1, Ordering::AcqRel);
             if let Some(held_back) = LOOKUPS_FULL.allow() {
                 tracing::warn!(held_back, "{LOOKUP_THREADS} client name lookups under way: calls of clients whose names are not known yet are told to retry");
             }
-            return None;
+            return false;
         }
-        Some(Self(&names.busy))
+        *held = Some(Self(&names.busy));
+        true
     }
 }
 
@@ -301,11 +306,8 @@ fn cached_name(
                 return Err(NameNotResolved);
             }
             // Expired, and nobody resolving it: this caller does, if a thread may.
-            if thread.is_none() {
-                thread = LookupThread::take(names);
-                if thread.is_none() {
-                    return Ok(known.name.clone());
-                }
+            if !LookupThread::hold(&mut thread, names) {
+                return Ok(known.name.clone());
             }
             known.refreshing = true;
             break;
@@ -313,11 +315,8 @@ fn cached_name(
         if !may_resolve {
             return Err(NameNotResolved);
         }
-        if thread.is_none() {
-            thread = LookupThread::take(names);
-            if thread.is_none() {
-                return Err(NameNotResolved);
-            }
+        if !LookupThread::hold(&mut thread, names) {
+            return Err(NameNotResolved);
         }
         if state.first_lookups.insert(client) || names.looked_up.wait_for(&mut state, FIRST_LOOKUP_WAIT).timed_out() {
             break;

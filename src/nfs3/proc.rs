@@ -7,10 +7,10 @@ use crate::vfs::{Attr, Blocking, DirEntry, ObjectId, VfsError, Wcc};
 use crate::xdr::{pad4, XdrWriter};
 
 /// A failed procedure: its status and the shape of its failure arm (how many optional
-/// results, post_op_attr or pre_op_attr, follow the status).
+/// results, post_op_attr or pre_op_attr, follow the status: [`ATTR`], [`WCC`], ...).
 struct Failure {
     status: Status,
-    empty_optionals: usize,
+    shape: usize,
     /// The attributes after the call of the objects the arm's post_op_attrs describe, in
     /// their order, where known. Pre-op attributes stay empty, as knfsd leaves them when
     /// it fails before a change; the client then revalidates nothing it need not.
@@ -34,7 +34,7 @@ fn max_io(ctx: &CallContext) -> u32 {
 }
 
 fn fail(n: usize) -> impl Fn(VfsError) -> Failure {
-    move |e| Failure { status: e.into(), empty_optionals: n, post_op: [None, None], would_block: e == VfsError::WouldBlock }
+    move |e| Failure { status: e.into(), shape: n, post_op: [None, None], would_block: e == VfsError::WouldBlock }
 }
 
 /// [`fail`] for a call on admitted objects (one, or the two of RENAME and LINK, in the
@@ -111,7 +111,7 @@ pub fn run(state: &ServerState, ctx: &CallContext, args: Args<'_>, out: &mut Xdr
         }
         out.u32(f.status as u32);
         let [first, second] = &f.post_op;
-        match f.empty_optionals {
+        match f.shape {
             ATTR => put_post_op_attr(out, first.as_ref()),
             WCC => put_wcc(out, &Wcc { before: None, after: first.clone() }),
             ATTR_WCC => {
@@ -379,7 +379,7 @@ fn readdir(state: &ServerState, ctx: &CallContext, fh: &[u8], cookie: u64, maxco
         })
         .map_err(fail_on(&[&adm], ATTR))?;
     if too_small {
-        return Err(Failure { status: Status::TooSmall, empty_optionals: ATTR, post_op: [Some(end.dir_attr), None], would_block: false });
+        return Err(Failure { status: Status::TooSmall, shape: ATTR, post_op: [Some(end.dir_attr), None], would_block: false });
     }
     out.bool(false);
     out.bool(end.eof);

@@ -45,7 +45,7 @@ pub const PLACE_RECHECK: Duration = Duration::from_secs(1);
 const NEVER_CHECK: u64 = u64::MAX;
 
 /// Milliseconds on a monotonic clock that starts with the first call.
-fn clock_ms() -> u64 {
+pub(super) fn clock_ms() -> u64 {
     static START: OnceLock<Instant> = OnceLock::new();
     START.get_or_init(Instant::now).elapsed().as_millis() as u64
 }

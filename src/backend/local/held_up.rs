@@ -5,9 +5,9 @@
 //! connection it serves, so after one such wait writes go to threads that may wait, for a
 //! while, as knfsd's would each wait on their own.
 
+use super::cache::clock_ms;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A write that took longer was held up: a copy of 1 MiB into the page cache takes well
 /// under a millisecond, and a runnable thread is seldom kept off a CPU for this long.
@@ -17,19 +17,19 @@ const BACK_OFF: Duration = Duration::from_secs(1);
 
 #[derive(Default)]
 pub struct HeldUp {
-    /// Milliseconds on `now_ms`'s clock until which writes must go where waiting is allowed.
+    /// Milliseconds on `clock_ms`'s monotonic clock until which writes must go where waiting is allowed.
     until_ms: AtomicU64,
 }
 
 impl HeldUp {
     /// Whether a write was held up recently: the next ones should run where they may wait.
     pub fn held_up(&self) -> bool {
-        self.held_up_at(now_ms())
+        self.held_up_at(clock_ms())
     }
 
     /// Records how long a write took; true if it was held up (the back-off starts now).
     pub fn took(&self, elapsed: Duration) -> bool {
-        self.took_at(elapsed, now_ms())
+        self.took_at(elapsed, clock_ms())
     }
 
     fn held_up_at(&self, now: u64) -> bool {
@@ -43,12 +43,6 @@ impl HeldUp {
         self.until_ms.fetch_max(now + BACK_OFF.as_millis() as u64, Ordering::Relaxed);
         true
     }
-}
-
-/// Milliseconds of a monotonic clock (a clock step must not end or prolong a back-off).
-fn now_ms() -> u64 {
-    static START: OnceLock<Instant> = OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_millis() as u64
 }
 
 #[cfg(test)]
