@@ -16,6 +16,8 @@ const MAX_PROCS: usize = 32;
 #[derive(Default)]
 struct ProcStats {
     calls: AtomicU64,
+    /// Calls that waited on a runtime thread (see `rpc::held_up`).
+    held_up_inline: AtomicU64,
     latency_sum_us: AtomicU64,
     buckets: [AtomicU64; BUCKETS_US.len() + 1],
 }
@@ -67,6 +69,13 @@ impl Metrics {
         s.buckets[i].fetch_add(1, Ordering::Relaxed);
         if let Some(st) = status.filter(|&s| s != 0) {
             *self.statuses.lock().entry((p.name, pname, st)).or_default() += 1;
+        }
+    }
+
+    /// A call that ran on a runtime thread was held up there (see `rpc::held_up`).
+    pub fn inline_call_held_up(&self, program: u32, procedure: u32) {
+        if let Some((_, s)) = self.program(program).and_then(|p| p.procs.get(procedure as usize)) {
+            s.held_up_inline.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -128,6 +137,16 @@ impl Metrics {
         for p in &self.programs {
             for (name, s) in &p.procs {
                 writeln!(o, "nasd_rpc_calls_total{{program=\"{}\",procedure=\"{}\"}} {}", p.name, name, s.calls.load(Ordering::Relaxed))?;
+            }
+        }
+        writeln!(o, "# HELP nasd_rpc_held_up_inline_total Calls held up (20 ms or more) on a runtime thread that serves many connections; each sends its procedure's calls to blocking threads for a second.")?;
+        writeln!(o, "# TYPE nasd_rpc_held_up_inline_total counter")?;
+        for p in &self.programs {
+            for (name, s) in &p.procs {
+                let n = s.held_up_inline.load(Ordering::Relaxed);
+                if n > 0 {
+                    writeln!(o, "nasd_rpc_held_up_inline_total{{program=\"{}\",procedure=\"{}\"}} {n}", p.name, name)?;
+                }
             }
         }
         writeln!(o, "# HELP nasd_rpc_latency_seconds Time from a complete request to its reply being queued.")?;

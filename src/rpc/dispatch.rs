@@ -2,6 +2,7 @@
 //! duplicate request cache, and metrics. Transport-independent.
 
 use super::drc::{DrcKey, DuplicateRequestCache, Lookup};
+use super::held_up::HeldUp;
 use super::message::{self, AcceptError, HeaderError};
 use super::record::{begin_record, finish_record};
 use super::{CallContext, ProcError, Reply, RpcProgram, Transport};
@@ -24,6 +25,9 @@ struct NeedsThread;
 
 pub struct Dispatcher {
     programs: Vec<Arc<dyn RpcProgram>>,
+    /// Per program, in the same order: which procedures' calls were lately held up on a
+    /// runtime thread, and so go to threads that may wait.
+    held_up: Vec<HeldUp>,
     drc: DuplicateRequestCache,
     metrics: Arc<Metrics>,
 }
@@ -34,7 +38,8 @@ const RESULTS_OFFSET: usize = 4 + 24;
 
 impl Dispatcher {
     pub fn new(programs: Vec<Arc<dyn RpcProgram>>, drc_entries: usize, metrics: Arc<Metrics>) -> Self {
-        Self { programs, drc: DuplicateRequestCache::new(drc_entries), metrics }
+        let held_up = programs.iter().map(|_| HeldUp::default()).collect();
+        Self { programs, held_up, drc: DuplicateRequestCache::new(drc_entries), metrics }
     }
 
     pub fn drc(&self) -> &DuplicateRequestCache {
@@ -89,7 +94,7 @@ impl Dispatcher {
             }
         };
         let xid = header.xid;
-        let Some(program) = self.programs.iter().find(|p| p.program() == header.program) else {
+        let Some((program_index, program)) = self.programs.iter().enumerate().find(|(_, p)| p.program() == header.program) else {
             self.metrics.record_rpc_error("prog_unavail");
             return Ok(Some(Self::accept_error(xid, AcceptError::ProgUnavail, (0, 0))));
         };
@@ -98,7 +103,8 @@ impl Dispatcher {
             self.metrics.record_rpc_error("prog_mismatch");
             return Ok(Some(Self::accept_error(xid, AcceptError::ProgMismatch, versions)));
         }
-        if !may_block && !program.is_quick(header.version, header.procedure, r.rest()) {
+        let held_up = &self.held_up[program_index];
+        if !may_block && (!program.is_quick(header.version, header.procedure, r.rest()) || held_up.held_up(header.procedure, started)) {
             return Err(NeedsThread);
         }
         let ctx = CallContext {
@@ -146,6 +152,17 @@ impl Dispatcher {
             (program.results_start_with_status(ctx.procedure) && b.len() >= RESULTS_OFFSET + 4)
                 .then(|| u32::from_be_bytes(b[RESULTS_OFFSET..RESULTS_OFFSET + 4].try_into().expect("4 bytes")))
         };
+        if !may_block {
+            let ended = Instant::now();
+            let took = ended - started;
+            if held_up.took(ctx.procedure, took, ended) {
+                self.metrics.inline_call_held_up(ctx.program, ctx.procedure);
+                tracing::debug!(
+                    procedure = program.procedure_name(ctx.version, ctx.procedure), ?took,
+                    "a call was held up on a runtime thread: this procedure's calls go to blocking threads for a while"
+                );
+            }
+        }
         let ran = outcome.is_ok();
         let status = if ran { status_word(&w) } else { None };
         match outcome {
@@ -204,8 +221,9 @@ mod tests {
     use crate::rpc::{message::encode_call, Credential};
     use crate::xdr::XdrWriter;
 
-    /// Program 400000, version 1: procedure 1 panics, procedure 2 answers one word; both
-    /// are non-idempotent, so both go through the duplicate request cache.
+    /// Program 400000, version 1: procedure 1 panics, procedure 2 answers one word,
+    /// procedure 4 waits the milliseconds its word says and answers. All are
+    /// non-idempotent, so all go through the duplicate request cache; 2 and 4 are quick.
     struct Flaky;
 
     impl RpcProgram for Flaky {
@@ -222,11 +240,18 @@ mod tests {
                     out.u32(args.u32()?);
                     Ok(())
                 }
+                4 => {
+                    std::thread::sleep(std::time::Duration::from_millis(args.u32()?.into()));
+                    Ok(())
+                }
                 _ => Err(ProcError::ProcUnavail),
             }
         }
         fn is_non_idempotent(&self, _version: u32, _procedure: u32) -> bool {
             true
+        }
+        fn is_quick(&self, _version: u32, procedure: u32, _args: &[u8]) -> bool {
+            procedure == 2 || procedure == 4
         }
     }
 
@@ -277,5 +302,26 @@ mod tests {
         assert_eq!(d.drc().len(), 1, "only the call that ran is kept");
         let again = d.handle(&call(1, 2, &[42]), peer, local, Transport::Tcp).expect("replayed");
         assert!(Arc::ptr_eq(&answered, &again), "the reply of the call that ran is still there");
+    }
+
+    #[test]
+    fn a_call_held_up_on_a_runtime_thread_sends_its_procedures_calls_to_threads_for_a_while() {
+        let mut metrics = Metrics::new();
+        metrics.register(400_000, "flaky", &["NULL", "PANIC", "ECHO", "UNUSED", "WAIT"]);
+        let d = Dispatcher::new(vec![Arc::new(Flaky)], 16, Arc::new(metrics));
+        let (peer, local) = (PEER.parse().unwrap(), "127.0.0.1:2049".parse().unwrap());
+        let inline = |xid, procedure, arg| d.try_handle_inline(&call(xid, procedure, &[arg]), peer, local, Transport::Tcp);
+        assert!(matches!(inline(1, 4, 0), Handled::Done(Some(_))), "a quick call runs on the runtime thread");
+        assert!(matches!(inline(2, 4, 0), Handled::Done(Some(_))), "and so does the next");
+        let held_up = super::super::held_up::HELD_UP.as_millis() as u32 + 5;
+        assert!(matches!(inline(3, 4, held_up), Handled::Done(Some(_))), "the held-up call itself is answered");
+        assert!(matches!(inline(4, 4, 0), Handled::NeedsThread), "the next call of that procedure goes to a thread");
+        assert!(matches!(inline(5, 2, 1), Handled::Done(Some(_))), "other procedures stay on the runtime thread");
+        let reply = d.handle(&call(4, 4, &[0]), peer, local, Transport::Tcp).expect("answered");
+        assert_eq!(accept_status(&reply), 0, "on a thread that may wait it runs");
+        assert!(
+            d.metrics.render().contains("nasd_rpc_held_up_inline_total{program=\"flaky\",procedure=\"WAIT\"} 1"),
+            "counted once, under its procedure"
+        );
     }
 }

@@ -6,6 +6,7 @@
 pub mod auth;
 pub mod dispatch;
 pub mod drc;
+pub mod held_up;
 pub mod message;
 pub mod record;
 

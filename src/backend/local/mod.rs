@@ -10,14 +10,12 @@ mod cache;
 mod close_check;
 pub mod creds;
 mod dirstream;
-mod held_up;
 mod sync;
 mod sys;
 
 use crate::vfs::*;
 use cache::{CachedObject, HandleCache, InodeKey, ObjectCache};
 use dirstream::{DirStream, DirStreams, EntryStat, LookAhead, StatBatch};
-use held_up::HeldUp;
 use std::ffi::{CStr, CString};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use sync::{SyncGroup, SyncKind, SyncTicket};
@@ -185,8 +183,6 @@ pub struct LocalFs {
     dir_streams: DirStreams,
     /// The file system refused `RWF_NOWAIT` for a buffered write: stop asking.
     no_nowait_writes: AtomicBool,
-    /// Whether writes without `RWF_NOWAIT` may still run where waiting is forbidden.
-    inline_writes: HeldUp,
     /// The file system refused `RWF_NOWAIT` for a read (tmpfs, vfat): reads that must not
     /// wait go to a thread that may.
     no_nowait_reads: AtomicBool,
@@ -369,7 +365,6 @@ impl LocalFs {
             handles: HandleCache::new(cfg.cache_capacity.saturating_mul(HANDLES_PER_OPEN_OBJECT)),
             dir_streams: DirStreams::default(),
             no_nowait_writes: AtomicBool::new(false),
-            inline_writes: HeldUp::default(),
             no_nowait_reads: AtomicBool::new(false),
             max_file_size,
             changes: cfg.changes.clone(),
@@ -726,20 +721,15 @@ impl LocalFs {
         }
         // Without RWF_NOWAIT (ext4): a buffered write of whole pages, or past the end of the
         // file, needs no read from disk, unlike a partial page. It can still be held up
-        // when the kernel throttles writers of dirty pages, which would stall every
-        // connection this thread serves; once a write is, the next ones go to threads
-        // that may wait, until the kernel has caught up.
+        // when the kernel throttles writers of dirty pages; the dispatcher then sends the
+        // next WRITEs to threads that may wait, until the kernel has caught up
+        // (`rpc::held_up`).
         const PAGE: u64 = 4096;
         let whole_pages = offset % PAGE == 0 && data.len() as u64 % PAGE == 0;
-        if !(whole_pages || offset >= size) || self.inline_writes.held_up() {
+        if !(whole_pages || offset >= size) {
             return Err(VfsError::WouldBlock);
         }
-        let started = std::time::Instant::now();
-        let r = sys::pwrite(fd, data, offset, 0);
-        if self.inline_writes.took(started.elapsed()) {
-            tracing::debug!(export_id = self.fsid, "a write to the page cache was held up: writes go to blocking threads for a while");
-        }
-        r
+        sys::pwrite(fd, data, offset, 0)
     }
 
     fn dir_wcc(&self, dir: &CachedObject, before: &Attr) -> Wcc {
