@@ -193,6 +193,14 @@ fn single_dir_exports(dir: &std::path::Path, args: &ServeArgs) -> anyhow::Result
     let specs = if args.allow.is_empty() { vec!["*".to_string()] } else { args.allow.clone() };
     let mut rules = Vec::new();
     for spec in specs {
+        // One client per flag, without options: the flags give those. An empty value (an
+        // unset shell variable) would be a line with no client, which exports(5) opens to
+        // everyone.
+        if spec.trim().is_empty() || spec.contains(char::is_whitespace) || spec.contains('(') || spec.starts_with('-') {
+            return Err(usage(format!(
+                "--allow {spec:?}: give one client (an address, network, host name or wildcard) per --allow, without options; the options are flags (--ro, --no-root-squash, ...)"
+            )));
+        }
         // Reuse the exports(5) client syntax.
         let line = format!("/x {spec}");
         let t = parse_exports(&line, "--allow").map_err(|e| usage(format!("--allow {spec}: {}", e.message)))?;
@@ -200,7 +208,7 @@ fn single_dir_exports(dir: &std::path::Path, args: &ServeArgs) -> anyhow::Result
         rules.push(ClientRule { spec, options: options.clone() });
     }
     let id = crate::exports::export_id_for_path(&path);
-    Ok(ExportTable { exports: vec![Export { id, path, rules, needs_mount: None }] })
+    Ok(ExportTable { exports: vec![Export { id, path, rules, needs_mount: None, written_path: None }] })
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
@@ -247,7 +255,9 @@ fn read_exports_file(file: &std::path::Path) -> anyhow::Result<ExportTable> {
         };
         match resolved {
             Ok(path) => {
-                e.path = path;
+                if path != e.path {
+                    e.written_path = Some(std::mem::replace(&mut e.path, path));
+                }
                 true
             }
             Err(why) => {
@@ -319,5 +329,31 @@ mod tests {
         let is = |p: &str| is_mount_point(info, std::path::Path::new(p));
         assert!(is("/") && is("/srv/my data") && is("/srv/plain") && is("/srv/a\ttab\\back"));
         assert!(!is("/srv") && !is("/srv/plain/sub") && !is("/srv/my\\040data"));
+    }
+    fn serve_args(extra: &[&str]) -> ServeArgs {
+        let dir = std::env::temp_dir();
+        let mut argv = vec!["nasd", "serve", dir.to_str().expect("utf-8")];
+        argv.extend_from_slice(extra);
+        match Cli::try_parse_from(argv).expect("parses").command {
+            Command::Serve(a) => a,
+            other => panic!("not serve: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn allow_takes_one_client_and_never_opens_the_export_to_everyone_by_mistake() {
+        let rules = |extra: &[&str]| {
+            let args = serve_args(extra);
+            single_dir_exports(args.dir.as_deref().expect("a dir"), &args).map(|t| t.exports[0].rules.clone())
+        };
+        let one = rules(&["--allow", "10.0.0.0/8"]).expect("a network");
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].spec, ClientSpec::Network("10.0.0.0".parse().unwrap(), 8));
+        // An unset shell variable, options the flag would drop, two clients in one value, a
+        // default-options token: each refused, never read as "everyone".
+        for bad in ["", "  ", "10.0.0.1(rw,no_root_squash)", "a b", "-rw"] {
+            assert!(rules(&[&format!("--allow={bad}")]).is_err(), "--allow {bad:?} accepted");
+        }
+        assert_eq!(rules(&[]).expect("no --allow").len(), 1, "without --allow: everyone, on purpose");
     }
 }

@@ -47,7 +47,10 @@ pub enum ClientSpec {
     Network(IpAddr, u8),
     /// A host name, with the addresses it resolved to when the exports were loaded.
     Host(String, Vec<IpAddr>),
-    /// A pattern with `*` and `?`, matched against the client's reverse-resolved name.
+    /// A pattern with `*`, `?` and `[...]`. One with no letters (`192.168.1.*`) is matched
+    /// against the client's address as text, the way nfs-utils matches a client without
+    /// a name; any other against the client's forward-confirmed reverse name. A name never
+    /// matches an address pattern: a client's own DNS zone could hold `10.1.x.evil.example`.
     Wildcard(String),
 }
 
@@ -67,6 +70,10 @@ pub struct Export {
     /// option has no value) is a mount point, so that a file system that failed to mount
     /// does not expose, and fill, the directory underneath.
     pub needs_mount: Option<PathBuf>,
+    /// The path as the exports file wrote it, where that differs from `path` (the
+    /// canonical one: a symlink on the way, say). Clients may mount it by that name too,
+    /// as mountd resolves the path a client asks for.
+    pub written_path: Option<PathBuf>,
 }
 
 pub fn export_id_for_path(path: &std::path::Path) -> u32 {
@@ -88,6 +95,12 @@ fn ip_in_network(ip: IpAddr, net: IpAddr, prefix: u8) -> bool {
         }
         _ => false,
     }
+}
+
+/// Whether a wildcard is written for addresses (`192.168.1.*`, `10.0.[0-3].*`): no
+/// letters, which every host name has in its top-level domain.
+pub fn is_address_pattern(pattern: &str) -> bool {
+    !pattern.bytes().any(|b| b.is_ascii_alphabetic())
 }
 
 /// Shell-style match of a client name, ignoring ASCII case, as nfs-utils matches exports(5)
@@ -395,15 +408,30 @@ impl Export {
                 prefer(&mut best, rank, &rule.options);
             }
         }
-        let wildcards = || self.rules.iter().filter_map(|r| match &r.spec {
-            ClientSpec::Wildcard(p) => Some((p, &r.options)),
-            _ => None,
-        });
-        if best.map_or(true, |(b, _)| b < WILDCARD_RANK) && wildcards().next().is_some() {
-            if let Some(name) = name(client)? {
-                if let Some((_, options)) = wildcards().find(|(p, _)| glob_match(p.as_bytes(), name.as_bytes())) {
-                    prefer(&mut best, WILDCARD_RANK, options);
+        if best.is_some_and(|(b, _)| b >= WILDCARD_RANK) {
+            return Ok(best.map(|(_, o)| o));
+        }
+        // The first wildcard on the line that matches wins; the name is asked for only
+        // when a name pattern is reached before any match.
+        let address = client.to_string();
+        let mut name = Some(name);
+        let mut known_name: Option<String> = None;
+        for rule in &self.rules {
+            let ClientSpec::Wildcard(pattern) = &rule.spec else { continue };
+            let text = if is_address_pattern(pattern) {
+                &address
+            } else {
+                if let Some(ask) = name.take() {
+                    known_name = ask(client)?;
                 }
+                match &known_name {
+                    Some(n) => n,
+                    None => continue,
+                }
+            };
+            if glob_match(pattern.as_bytes(), text.as_bytes()) {
+                prefer(&mut best, WILDCARD_RANK, &rule.options);
+                break;
             }
         }
         Ok(best.map(|(_, o)| o))
@@ -429,8 +457,10 @@ impl ExportTable {
         let by_path = self
             .exports
             .iter()
-            .filter_map(|e| p.strip_prefix(&e.path).ok().map(|rest| (e, rest.to_path_buf())))
-            .max_by_key(|(e, _)| e.path.components().count());
+            .flat_map(|e| std::iter::once(&e.path).chain(&e.written_path).map(move |name| (e, name)))
+            .filter_map(|(e, name)| p.strip_prefix(name).ok().map(|rest| (e, name.components().count(), rest.to_path_buf())))
+            .max_by_key(|(_, depth, _)| *depth)
+            .map(|(e, _, rest)| (e, rest));
         match (by_path, self.exports.as_slice()) {
             (Some(found), _) => Some(found),
             (None, [only]) => Some((only, PathBuf::from(path.trim_start_matches('/')))),
@@ -598,6 +628,7 @@ mod tests {
                 rule(ClientSpec::Address("10.1.2.3".parse().unwrap()), false),
             ],
             needs_mount: None,
+            written_path: None,
         };
         let ro = |ip: &str| e.options_for(ip.parse().unwrap(), false).expect("no wildcard rule").unwrap().read_only;
         assert!(ro("192.168.1.1"), "only * matches");
@@ -632,6 +663,7 @@ mod tests {
                 rule(ClientSpec::Address("10.5.5.5".parse().unwrap()), true),
             ],
             needs_mount: None,
+            written_path: None,
         };
         assert!(!e.options_with_name(client, named("a.trusted.lab")).unwrap().unwrap().read_only);
         assert!(e.options_with_name(client, named("a.other.lab")).unwrap().unwrap().read_only);
@@ -652,6 +684,33 @@ mod tests {
         };
         assert!(e.options_with_name("10.5.5.5".parse().unwrap(), ask).unwrap().unwrap().read_only);
         assert!(!asked.get(), "looked up the name of a client an address rule decides");
+    }
+
+    #[test]
+    fn address_wildcards_match_the_address_and_never_a_name() {
+        let e = Export {
+            id: 1,
+            path: "/srv".into(),
+            rules: vec![rule(ClientSpec::Wildcard("192.168.1.*".into()), false), rule(ClientSpec::Anyone, true)],
+            needs_mount: None,
+            written_path: None,
+        };
+        let no_name = |_| -> Result<Option<String>, NameNotResolved> { panic!("an address pattern needs no name") };
+        assert!(!e.options_with_name("192.168.1.77".parse().unwrap(), no_name).unwrap().unwrap().read_only);
+        assert!(e.options_with_name("192.168.10.7".parse().unwrap(), no_name).unwrap().unwrap().read_only);
+        // A name that looks like the pattern, from the client's own reverse zone, is not an address.
+        let attacker = |_| Ok(Some("192.168.1.x.evil.example".to_string()));
+        assert!(e.options_with_name("203.0.113.9".parse().unwrap(), attacker).unwrap().unwrap().read_only);
+        // Mixed with a name pattern: the first match on the line wins, the name is asked only if needed.
+        let mixed = Export {
+            rules: vec![rule(ClientSpec::Wildcard("*.trusted.lab".into()), true), rule(ClientSpec::Wildcard("10.1.*".into()), false)],
+            ..e.clone()
+        };
+        let named = |_| Ok(Some("a.trusted.lab".to_string()));
+        assert!(mixed.options_with_name("10.1.2.3".parse().unwrap(), named).unwrap().unwrap().read_only, "the name rule comes first");
+        assert!(!mixed.options_with_name("10.1.2.3".parse().unwrap(), |_| Ok(None)).unwrap().unwrap().read_only);
+        assert!(mixed.options_with_name("10.2.0.1".parse().unwrap(), |_| Ok(None)).unwrap().is_none());
+        assert!(is_address_pattern("10.0.[0-3].*") && is_address_pattern("2001:470::*") && !is_address_pattern("node[0-9].lab"));
     }
 
     #[test]
@@ -707,5 +766,15 @@ mod tests {
         assert_eq!(single.for_mount_path("/srv/a").unwrap().1, PathBuf::from("a"));
         assert_eq!(single.for_mount_path("/a/b").unwrap().1, PathBuf::from("a/b"));
         assert_eq!(canonical_ip("::ffff:1.2.3.4".parse().unwrap()), "1.2.3.4".parse::<IpAddr>().unwrap());
+        // An export written through a symlink is found by either name.
+        let linked = ExportTable {
+            exports: vec![
+                Export { id: 1, path: "/data/export/home".into(), written_path: Some("/export/home".into()), ..Default::default() },
+                Export { id: 2, path: "/srv".into(), ..Default::default() },
+            ],
+        };
+        assert_eq!(linked.for_mount_path("/export/home/u1").map(|(e, rest)| (e.id, rest)), Some((1, PathBuf::from("u1"))));
+        assert_eq!(linked.for_mount_path("/data/export/home").map(|(e, rest)| (e.id, rest)), Some((1, PathBuf::new())));
+        assert!(linked.for_mount_path("/export").is_none());
     }
 }

@@ -216,10 +216,12 @@ fn parse_line(line: &str, resolve: &dyn Fn(&str) -> Vec<IpAddr>) -> Result<(Expo
         // exportfs: an export with no client list is open to everyone.
         rules.push(ClientRule { spec: ClientSpec::Anyone, options: defaults });
     }
-    let path = PathBuf::from(path);
+    // Normalised (`//`, a trailing `/`, `.` dropped) before the id is derived from it, so
+    // that rewriting the line that way leaves every client's handles valid.
+    let path: PathBuf = PathBuf::from(path).components().collect();
     let needs_mount = export_opts.mountpoint.map(|m| m.map_or_else(|| path.clone(), PathBuf::from));
     let id = export_opts.fsid.unwrap_or_else(|| export_id_for_path(&path));
-    Ok((Export { id, path, rules, needs_mount }, export_opts.fsid))
+    Ok((Export { id, path, rules, needs_mount, written_path: None }, export_opts.fsid))
 }
 
 /// An anonymous uid or gid (`anonuid=`, `--anonuid`): 4294967295, or -1, names no one,
@@ -276,6 +278,11 @@ fn parse_client(s: &str, resolve: &dyn Fn(&str) -> Vec<IpAddr>) -> Result<Client
     if s.contains(['*', '?', '[']) {
         return Ok(ClientSpec::Wildcard(s.to_string()));
     }
+    if looks_like_an_old_style_address(s) {
+        // The resolver would read these as inet_aton does: `10.1` as 10.0.0.1,
+        // `192.168.010.5` (octal) as 192.168.8.5, so the rule would admit another machine.
+        return Err(format!("{s:?} is not an address in dotted-decimal form (a.b.c.d, no leading zeros): write the address meant that way"));
+    }
     if !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_') {
         return Err(format!("bad client name {s:?}"));
     }
@@ -284,6 +291,19 @@ fn parse_client(s: &str, resolve: &dyn Fn(&str) -> Vec<IpAddr>) -> Result<Client
         tracing::warn!(host = s, "the host name resolves to no address: its rule admits no one");
     }
     Ok(ClientSpec::Host(s.to_string(), addrs))
+}
+
+/// Whether a client entry is made of numbers only (decimal, octal with a leading zero,
+/// or `0x` hexadecimal) separated by dots: no host name is, and the resolver takes it
+/// for an address in one of inet_aton's old forms.
+fn looks_like_an_old_style_address(s: &str) -> bool {
+    s.split('.').all(|label| {
+        let hex = label.strip_prefix("0x").or_else(|| label.strip_prefix("0X"));
+        match hex {
+            Some(digits) => digits.bytes().all(|b| b.is_ascii_hexdigit()),
+            None => !label.is_empty() && label.bytes().all(|b| b.is_ascii_digit()),
+        }
+    })
 }
 
 fn apply_options(o: &mut ExportOptions, list: &str, export: &mut PerExport) -> Result<(), String> {
@@ -337,8 +357,14 @@ fn apply_options(o: &mut ExportOptions, list: &str, export: &mut PerExport) -> R
                     tracing::warn!(sec = flavours, "only sys of these security flavours is offered; clients asking for another cannot mount");
                 }
             }
+            "subtree_check" => {
+                // knfsd's check that a file's handle still leads to it from the export is
+                // not made: a file moved or linked out of the export stays reachable
+                // through the handle a client holds (directories are checked, always).
+                tracing::warn!("subtree_check is not enforced: served as no_subtree_check, knfsd's default");
+            }
             // Accepted for compatibility; they do not change behaviour here.
-            "subtree_check" | "no_subtree_check" | "wdelay" | "no_wdelay" | "hide" | "nohide" | "crossmnt"
+            "no_subtree_check" | "wdelay" | "no_wdelay" | "hide" | "nohide" | "crossmnt"
             | "no_acl" | "acl" | "secure_locks" | "insecure_locks" | "auth_nlm" | "no_auth_nlm" => {}
             _ => return Err(format!("unknown export option {opt:?}")),
         }
@@ -399,6 +425,26 @@ mod tests {
         assert_eq!(krb.line, 1);
         assert!(krb.message.contains("sec=sys only"), "{krb}");
         assert!(parse_exports("/a *(sec=krb5p:sys)", "ex").is_ok(), "a list that holds sys serves sys");
+    }
+
+    #[test]
+    fn addresses_the_resolver_would_read_as_another_machine_are_refused() {
+        // inet_aton reads these as 10.0.0.1, 192.168.8.5 (octal), 10.0.0.1 and 0.0.4.210.
+        for entry in ["10.1", "192.168.010.5", "0x0a.0.0.1", "1234"] {
+            let e = parse_exports(&format!("/a {entry}(rw)"), "ex").unwrap_err();
+            assert!(e.message.contains("dotted-decimal"), "{entry}: {e}");
+        }
+        let fine = parse_exports("/a 192.168.10.5(rw) 10.0.0.0/8(rw) 10.1.*(rw) h1.lab(rw)", "ex").expect("parses");
+        assert_eq!(fine.exports[0].rules[0].spec, ClientSpec::Address("192.168.10.5".parse().unwrap()));
+    }
+
+    #[test]
+    fn rewriting_an_export_path_with_extra_slashes_keeps_its_id() {
+        let id = |line: &str| parse_exports(line, "ex").unwrap().exports[0].id;
+        assert_eq!(id("/srv/data *(rw)"), id("/srv//data/ *(rw)"));
+        assert_eq!(id("/srv/data *(rw)"), id("/srv/./data *(rw)"));
+        assert_eq!(id("/srv/data *(rw)"), export_id_for_path(std::path::Path::new("/srv/data")), "ids of plain paths unchanged");
+        assert_ne!(id("/srv/data *(rw)"), id("/srv/data2 *(rw)"));
     }
 
     #[test]

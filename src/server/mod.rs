@@ -220,6 +220,7 @@ fn open_export(export: Export, limits: &Limits, changes: &ChangeCount) -> anyhow
     if !export.path.is_dir() {
         return Err(UsageError(format!("export {} is not a directory", export.path.display())).into());
     }
+    let root = dir_identity(&export.path).map_err(|e| UsageError(format!("export {}: {e}", export.path.display())))?;
     let sync = export_is_sync(&export);
     if sync && export.rules.iter().any(|r| !r.options.sync) {
         tracing::warn!(
@@ -237,7 +238,13 @@ fn open_export(export: Export, limits: &Limits, changes: &ChangeCount) -> anyhow
     })
     .map_err(|e| UsageError(format!("{e:#}")))?;
     tracing::info!(path = %export.path.display(), id = export.id, sync, "exporting");
-    Ok(ExportRuntime { export, vfs })
+    Ok(ExportRuntime { export, vfs, root })
+}
+
+/// Device and inode of a directory: which directory a path leads to now.
+fn dir_identity(path: &std::path::Path) -> std::io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).map(|m| (m.dev(), m.ino()))
 }
 
 /// Applies a new export table to a running server, as `exportfs -r` does for knfsd: new
@@ -284,10 +291,20 @@ impl ExportReloader {
             let same = current.iter().find(|rt| {
                 rt.export.id == export.id && rt.export.path == export.path && export_is_sync(&rt.export) == export_is_sync(&export)
             });
+            // A file system mounted on the path since (a disk that was late at boot)
+            // replaces the directory underneath, as `exportfs -r` would: kept, the old
+            // storage would go on serving, and filling, the directory under the mount.
+            let same = same.filter(|rt| {
+                let now = dir_identity(&export.path).ok();
+                if now != Some(rt.root) {
+                    tracing::info!(export = %export.path.display(), "the export's path leads to another directory now (a file system mounted on it, or the directory replaced): opened afresh");
+                }
+                now == Some(rt.root)
+            });
             let rt = match same {
                 Some(rt) => {
                     summary.kept += 1;
-                    ExportRuntime { export, vfs: rt.vfs.clone() }
+                    ExportRuntime { export, vfs: rt.vfs.clone(), root: rt.root }
                 }
                 None => {
                     summary.added += 1;

@@ -17,6 +17,9 @@ pub type ExportList = Arc<Vec<Arc<ExportRuntime>>>;
 pub struct ExportRuntime {
     pub export: Export,
     pub vfs: Arc<dyn Vfs>,
+    /// Device and inode of the export's directory when it was opened: a reload that finds
+    /// another directory at the path (a file system mounted there since) opens it afresh.
+    pub root: (u64, u64),
 }
 
 pub struct ServerState {

@@ -121,6 +121,29 @@ def test_an_export_whose_file_system_is_unmounted_goes_at_the_next_reload(tmp_pa
     assert os.listdir(disk) == [], "written into the directory under the mount point"
 
 
+def test_a_file_system_mounted_on_an_export_is_served_after_the_next_reload(tmp_path):
+    """A disk mounted late (after nasd started) on an export without `mp`: the reload
+    must serve the mounted file system, as `exportfs -r` does, not go on filling the
+    directory underneath through the storage opened before."""
+    disk = make_export(tmp_path, "disk")
+    ex = write_exports(tmp_path, [f"{disk} 127.0.0.1(rw,no_root_squash,insecure)"])
+    with Nasd(exports_file=ex) as n, Nfs3Client(n.host, n.port, cred=ROOT) as c:
+        assert c.create(c.root(str(disk)), "before-the-mount").ok
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "nasd-test", str(disk)],
+                                 capture_output=True, text=True)
+        if mounted.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+        try:
+            start = _reload(n, tmp_path, [f"{disk} 127.0.0.1(rw,no_root_squash,insecure)"])
+            assert "exports reloaded" in n.log()[start:], n.log()[start:]
+            assert "opened afresh" in n.log()[start:]
+            assert c.create(c.root(str(disk)), "on-the-disk").ok
+            assert os.listdir(disk) == ["on-the-disk"], "the new file is on the mounted file system"
+        finally:
+            subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+    assert os.listdir(disk) == ["before-the-mount"], "nothing written into the directory under the mount point"
+
+
 def test_an_export_whose_directory_is_missing_is_left_out_and_the_rest_reloaded(tmp_path):
     """As exportfs: a missing export directory costs that export only; refusing the whole
     file would keep serving the old rules of the others."""

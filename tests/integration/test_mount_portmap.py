@@ -146,6 +146,28 @@ def test_export_lists_every_export_of_an_exports_file(tmp_path):
     assert got[os.path.realpath(e2)] == ["*"]
 
 
+def test_an_export_written_through_a_symlink_mounts_by_either_name(tmp_path):
+    """As mountd, which resolves the path a client asks for: fstab entries name the
+    export as the exports file does, and `/export -> /data/export` is common. With two
+    exports the written name found nothing (NOENT); with one it was taken as a
+    subdirectory of the export."""
+    data = make_export(tmp_path, "data")
+    home = make_export(data, "home")
+    (home / "u1").mkdir()
+    (tmp_path / "export").symlink_to(data)
+    other = make_export(tmp_path, "other")
+    written = tmp_path / "export" / "home"
+    ex = write_exports(tmp_path, [f"{written} 127.0.0.1(rw,insecure)", f"{other} *(ro,insecure)"])
+    with Nasd(exports_file=ex) as n, Nfs3Client(n.host, n.port, cred=ROOT) as c:
+        by_written, by_real = c.mnt(str(written)), c.mnt(os.path.realpath(home))
+        assert by_written.status == rpc.MNT3_OK, by_written.status
+        assert by_real.status == rpc.MNT3_OK
+        assert c.getattr(by_written.fh).attr.fileid == os.stat(home).st_ino
+        below = c.mnt(str(written / "u1"))
+        assert below.status == rpc.MNT3_OK and c.getattr(below.fh).attr.fileid == os.stat(home / "u1").st_ino
+        assert c.mnt(str(tmp_path / "export")).status != rpc.MNT3_OK, "the link's own directory is no export"
+
+
 # ------------------------------------------------------------ portmap
 
 @pytest.fixture(scope="module")
