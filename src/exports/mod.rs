@@ -229,6 +229,10 @@ pub struct NameNotResolved;
 struct KnownName {
     name: Option<String>,
     at: Instant,
+    /// When a call last asked for it: a full cache keeps the clients that are calling,
+    /// not the addresses looked up last (a flood of calls from new addresses would push
+    /// every real client out and back to the resolver).
+    used: Instant,
     /// A caller is resolving it again; the others use this one meanwhile.
     refreshing: bool,
 }
@@ -312,7 +316,8 @@ fn cached_name(
     let mut thread = None;
     loop {
         if let Some(known) = state.known.get_mut(&client) {
-            if known.at.elapsed() < NAME_TTL || known.refreshing {
+            known.used = Instant::now();
+            if known.used.duration_since(known.at) < NAME_TTL || known.refreshing {
                 return Ok(known.name.clone());
             }
             if !may_resolve {
@@ -342,7 +347,8 @@ fn cached_name(
     if state.known.len() >= NAME_CACHE_ENTRIES {
         make_room(&mut state.known, NAME_CACHE_ENTRIES / 2);
     }
-    state.known.insert(client, KnownName { name: name.clone(), at: Instant::now(), refreshing: false });
+    let now = Instant::now();
+    state.known.insert(client, KnownName { name: name.clone(), at: now, used: now, refreshing: false });
     if state.first_lookups.remove(&client) {
         names.looked_up.notify_all();
     }
@@ -350,16 +356,17 @@ fn cached_name(
 }
 
 /// Shrinks a full name cache to at most `keep` entries: expired ones go first, then the
-/// oldest. Clearing it all would send every active client back to the resolver at once.
+/// least recently used. Clearing it all would send every active client back to the
+/// resolver at once.
 fn make_room(names: &mut HashMap<IpAddr, KnownName>, keep: usize) {
     names.retain(|_, known| known.at.elapsed() < NAME_TTL);
     if keep == 0 {
         names.clear();
     } else if names.len() > keep {
-        let mut ages: Vec<Instant> = names.values().map(|known| known.at).collect();
-        ages.sort_unstable_by(|a, b| b.cmp(a));
-        let cutoff = ages[keep - 1];
-        names.retain(|_, known| known.at >= cutoff);
+        let mut uses: Vec<Instant> = names.values().map(|known| known.used).collect();
+        uses.sort_unstable_by(|a, b| b.cmp(a));
+        let cutoff = uses[keep - 1];
+        names.retain(|_, known| known.used >= cutoff);
     }
 }
 
@@ -482,20 +489,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_full_name_cache_drops_the_expired_then_the_oldest_entries() {
+    fn a_full_name_cache_drops_the_expired_then_the_least_recently_used_entries() {
         let now = Instant::now();
         let mut names = HashMap::new();
         let ip = |i: u32| IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i));
+        let secs = |i: u32| Duration::from_secs(u64::from(i));
+        // Resolved in the order 0..10, 0 last; used in the other order, 9 last.
         for i in 0..10u32 {
-            names.insert(ip(i), KnownName { name: None, at: now - Duration::from_secs(u64::from(i)), refreshing: false });
+            names.insert(ip(i), KnownName { name: None, at: now - secs(i), used: now - secs(10 - i), refreshing: false });
         }
-        names.insert(ip(99), KnownName { name: None, at: now - NAME_TTL - Duration::from_secs(1), refreshing: false });
+        let expired = now - NAME_TTL - secs(1);
+        names.insert(ip(99), KnownName { name: None, at: expired, used: now, refreshing: false });
         make_room(&mut names, 4);
         let mut kept: Vec<IpAddr> = names.keys().copied().collect();
         kept.sort();
-        assert_eq!(kept, (0..4).map(ip).collect::<Vec<_>>(), "the four youngest stay");
+        assert_eq!(kept, (6..10).map(ip).collect::<Vec<_>>(), "the four used last stay, whenever they were resolved");
         make_room(&mut names, 8);
-        assert_eq!(names.len(), 4, "nothing young is dropped while there is room");
+        assert_eq!(names.len(), 4, "nothing is dropped while there is room");
     }
 
     type Answer = Result<Option<String>, NameNotResolved>;
@@ -578,7 +588,7 @@ mod tests {
         let names = NameCache::default();
         let ip: IpAddr = "10.1.2.3".parse().unwrap();
         let stale = Instant::now() - NAME_TTL - Duration::from_secs(1);
-        names.state.lock().known.insert(ip, KnownName { name: Some("old.example".into()), at: stale, refreshing: false });
+        names.state.lock().known.insert(ip, KnownName { name: Some("old.example".into()), at: stale, used: stale, refreshing: false });
         // Inline callers (that may not wait) are sent to a thread for an expired name.
         assert_eq!(cached_name(&names, ip, false, |_| unreachable!()), Err(NameNotResolved));
         let (held, lookups) = while_a_lookup_is_held(&names, ip, "new.example", |other, release| {
