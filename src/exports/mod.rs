@@ -460,18 +460,27 @@ impl ExportTable {
     /// single export, `/` (or an empty path) is its root and other paths outside its own
     /// absolute path are taken relative to it, so `host:/` and `host:/sub` both work.
     pub fn for_mount_path(&self, path: &str) -> Option<(&Export, PathBuf)> {
+        self.mount_candidates(path).into_iter().next()
+    }
+
+    /// Every export a MOUNT path is in, the deepest first, with the path below each
+    /// one's root: a client that the deepest does not admit may mount the directory
+    /// through an export above it that does, as with mountd (`/srv` for A and `/srv/data`
+    /// for B: A mounts `/srv/data` through `/srv`).
+    pub fn mount_candidates(&self, path: &str) -> Vec<(&Export, PathBuf)> {
         let p = std::path::Path::new(path);
-        let by_path = self
+        let mut found: Vec<(&Export, usize, PathBuf)> = self
             .exports
             .iter()
             .flat_map(|e| std::iter::once(&e.path).chain(&e.written_path).map(move |name| (e, name)))
             .filter_map(|(e, name)| p.strip_prefix(name).ok().map(|rest| (e, name.components().count(), rest.to_path_buf())))
-            .max_by_key(|(_, depth, _)| *depth)
-            .map(|(e, _, rest)| (e, rest));
-        match (by_path, self.exports.as_slice()) {
-            (Some(found), _) => Some(found),
-            (None, [only]) => Some((only, PathBuf::from(path.trim_start_matches('/')))),
-            (None, _) => None,
+            .collect();
+        found.sort_by_key(|(_, depth, _)| std::cmp::Reverse(*depth));
+        found.dedup_by_key(|(e, _, _)| e.id);
+        match (found.is_empty(), self.exports.as_slice()) {
+            (false, _) => found.into_iter().map(|(e, _, rest)| (e, rest)).collect(),
+            (true, [only]) => vec![(only, PathBuf::from(path.trim_start_matches('/')))],
+            (true, _) => Vec::new(),
         }
     }
 }
@@ -786,5 +795,7 @@ mod tests {
         assert_eq!(linked.for_mount_path("/export/home/u1").map(|(e, rest)| (e.id, rest)), Some((1, PathBuf::from("u1"))));
         assert_eq!(linked.for_mount_path("/data/export/home").map(|(e, rest)| (e.id, rest)), Some((1, PathBuf::new())));
         assert!(linked.for_mount_path("/export").is_none());
+        let nested: Vec<_> = t.mount_candidates("/srv/data/x").into_iter().map(|(e, rest)| (e.id, rest)).collect();
+        assert_eq!(nested, vec![(2, PathBuf::from("x")), (1, PathBuf::from("data/x"))], "the deepest first, then those above it");
     }
 }

@@ -151,12 +151,21 @@ impl Mount3 {
         if !path.is_empty() && !path.starts_with('/') {
             return Err(MountStatus::Inval.into());
         }
-        let (export, rest) = self.state.exports_table_lookup(path).ok_or(MountStatus::NoEnt)?;
-        let rt = self.state.export_by_id(export).ok_or(MountStatus::NoEnt)?;
-        let options = self.state.client_options(&rt, ctx).map_err(|e| match e {
-            VfsError::Jukebox => Refusal::TryLater,
-            _ => Refusal::Status(MountStatus::Access),
-        })?;
+        // The deepest export the path is in that admits the client.
+        let mut refusal = Refusal::Status(MountStatus::NoEnt);
+        let mut admitted = None;
+        for (export, rest) in self.state.exports_table_lookup(path) {
+            let Some(rt) = self.state.export_by_id(export) else { continue };
+            match self.state.client_options(&rt, ctx) {
+                Ok(options) => {
+                    admitted = Some((rt, rest, options));
+                    break;
+                }
+                Err(VfsError::Jukebox) => return Err(Refusal::TryLater),
+                Err(_) => refusal = Refusal::Status(MountStatus::Access),
+            }
+        }
+        let (rt, rest, options) = admitted.ok_or(refusal)?;
         let cred = squash(&options, &ctx.credential);
         let mut obj = rt.vfs.root();
         for comp in rest.components() {

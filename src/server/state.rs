@@ -90,9 +90,10 @@ impl ServerState {
     }
 
     /// The export a MOUNT path names (by id) and the path below its root.
-    pub fn exports_table_lookup(&self, path: &str) -> Option<(u32, std::path::PathBuf)> {
+    /// The exports a MOUNT path is in, the deepest first ([`crate::exports::ExportTable::mount_candidates`]).
+    pub fn exports_table_lookup(&self, path: &str) -> Vec<(u32, std::path::PathBuf)> {
         let table = crate::exports::ExportTable { exports: self.exports.read().iter().map(|e| e.export.clone()).collect() };
-        table.for_mount_path(path).map(|(e, rest)| (e.id, rest))
+        table.mount_candidates(path).into_iter().map(|(e, rest)| (e.id, rest)).collect()
     }
 
     pub fn file_handle(&self, rt: &ExportRuntime, obj: &ObjectId) -> Vec<u8> {

@@ -168,6 +168,23 @@ def test_an_export_written_through_a_symlink_mounts_by_either_name(tmp_path):
         assert c.mnt(str(tmp_path / "export")).status != rpc.MNT3_OK, "the link's own directory is no export"
 
 
+def test_a_client_mounts_a_nested_export_it_is_not_in_through_the_export_above(tmp_path):
+    """`/srv` for this client (read-only), `/srv/data` for another one: the client's MNT
+    of `/srv/data` is served through `/srv`, as mountd serves it, with `/srv`'s rules."""
+    srv = make_export(tmp_path, "srv")
+    data = make_export(srv, "data")
+    ex = write_exports(tmp_path, [f"{srv} 127.0.0.1(ro,no_root_squash,insecure)",
+                                  f"{data} 127.0.0.2(rw,no_root_squash,insecure)"])
+    with Nasd(exports_file=ex) as n, Nfs3Client(n.host, n.port, cred=ROOT) as c:
+        r = c.mnt(str(data))
+        assert r.status == rpc.MNT3_OK, r.status
+        assert c.getattr(r.fh).attr.fileid == os.stat(data).st_ino
+        assert c.create(r.fh, "f").status == rpc.NFS3ERR_ROFS, "served with /srv's rules (ro), not /srv/data's"
+    only_deep = write_exports(tmp_path, [f"{srv} 127.0.0.2(ro,insecure)", f"{data} 127.0.0.2(rw,insecure)"])
+    with Nasd(exports_file=only_deep) as n, Nfs3Client(n.host, n.port, cred=ROOT) as c:
+        assert c.mnt(str(data)).status == rpc.MNT3ERR_ACCES, "admitted by neither"
+
+
 # ------------------------------------------------------------ portmap
 
 @pytest.fixture(scope="module")
