@@ -165,6 +165,10 @@ pub struct DirStats {
     pub lat_p50_us: f64,
     pub lat_p99_us: f64,
     pub lat_p999_us: f64,
+    /// Milliseconds fio measured this direction over (its JSON's `runtime`, rounded up to
+    /// whole milliseconds); none in results saved before it was kept.
+    #[serde(default)]
+    pub runtime_ms: Option<u64>,
 }
 
 /// Figures of a job: both directions and their total.
@@ -181,6 +185,10 @@ impl FioResult {
     }
     pub fn mib_s(&self) -> f64 {
         (self.read.bw_bytes + self.write.bw_bytes) / (1u64 << 20) as f64
+    }
+    /// Milliseconds the job measured over (the longer direction), when known.
+    pub fn runtime_ms(&self) -> Option<u64> {
+        self.read.runtime_ms.into_iter().chain(self.write.runtime_ms).max()
     }
     /// Latency figures weighted by the I/O count of each direction (percentiles are an
     /// approximation for mixed jobs: the weighted mean of both directions' percentiles).
@@ -213,6 +221,7 @@ impl FioResult {
             dst.ios = ios;
             dst.iops = ds.iter().map(|d| d.iops).sum();
             dst.bw_bytes = ds.iter().map(|d| d.bw_bytes).sum();
+            dst.runtime_ms = ds.iter().filter_map(|d| d.runtime_ms).max();
             if ios > 0 {
                 let w = |f: fn(&DirStats) -> f64| ds.iter().map(|d| f(d) * d.ios as f64).sum::<f64>() / ios as f64;
                 dst.lat_mean_us = w(|d| d.lat_mean_us);
@@ -271,6 +280,7 @@ fn dir_stats(j: &serde_json::Value) -> DirStats {
         lat_p50_us: pct("50.000000"),
         lat_p99_us: pct("99.000000"),
         lat_p999_us: pct("99.900000"),
+        runtime_ms: j["runtime"].as_u64(),
     }
 }
 
@@ -489,12 +499,12 @@ mod tests {
       "jobname" : "j",
       "error" : 0,
       "read" : {
-        "io_bytes" : 4096000, "bw_bytes" : 40960000, "iops" : 10000.0, "total_ios" : 1000,
+        "io_bytes" : 4096000, "bw_bytes" : 40960000, "iops" : 10000.0, "total_ios" : 1000, "runtime" : 100,
         "clat_ns" : { "mean" : 95000.5,
           "percentile" : { "50.000000" : 90112, "99.000000" : 200704, "99.900000" : 501760 } }
       },
       "write" : {
-        "io_bytes" : 0, "bw_bytes" : 0, "iops" : 0.0, "total_ios" : 0,
+        "io_bytes" : 0, "bw_bytes" : 0, "iops" : 0.0, "total_ios" : 0, "runtime" : 0,
         "clat_ns" : { "mean" : 0.0 }
       }
     }
@@ -514,6 +524,10 @@ Failed NFS operation(code:-14)
         assert!((r.lat_p50_us() - 90.112).abs() < 1e-9);
         assert!((r.lat_p99_us() - 200.704).abs() < 1e-9);
         assert!((r.lat_p999_us() - 501.76).abs() < 1e-9);
+        // the direction that did the I/O: 4096000 bytes in 100 ms
+        assert_eq!(r.runtime_ms(), Some(100));
+        // results saved before the runtime was kept have none
+        assert_eq!(FioResult::default().runtime_ms(), None);
     }
 
     #[test]
@@ -589,13 +603,15 @@ Failed NFS operation(code:-14)
 
     #[test]
     fn aggregate_adds_throughput_and_weights_latency() {
-        let a = FioResult { read: DirStats { ios: 100, iops: 10.0, bw_bytes: 1.0, lat_mean_us: 10.0, lat_p50_us: 10.0, lat_p99_us: 20.0, lat_p999_us: 30.0 }, ..Default::default() };
-        let b = FioResult { read: DirStats { ios: 300, iops: 30.0, bw_bytes: 3.0, lat_mean_us: 20.0, lat_p50_us: 20.0, lat_p99_us: 40.0, lat_p999_us: 50.0 }, ..Default::default() };
+        let a = FioResult { read: DirStats { ios: 100, iops: 10.0, bw_bytes: 1.0, lat_mean_us: 10.0, lat_p50_us: 10.0, lat_p99_us: 20.0, lat_p999_us: 30.0, runtime_ms: Some(1000) }, ..Default::default() };
+        let b = FioResult { read: DirStats { ios: 300, iops: 30.0, bw_bytes: 3.0, lat_mean_us: 20.0, lat_p50_us: 20.0, lat_p99_us: 40.0, lat_p999_us: 50.0, runtime_ms: Some(1200) }, ..Default::default() };
         let s = FioResult::aggregate(&[a, b]);
         assert_eq!(s.read.ios, 400);
         assert_eq!(s.iops(), 40.0);
         assert_eq!(s.lat_mean_us(), 17.5);
         assert_eq!(s.lat_p99_us(), 35.0);
+        // clients that ran at once: the longest one's time
+        assert_eq!(s.runtime_ms(), Some(1200));
     }
 
     #[test]

@@ -55,8 +55,8 @@ pub struct BenchArgs {
     /// Keep the servers' data under OUT/data after the run.
     #[arg(long)]
     pub keep_data: bool,
-    /// Run each fio job N times per target (targets interleaved) and report the median;
-    /// iozone and metadata jobs, which build on each other's files, run once.
+    /// Run each fio and metadata job N times per target (targets interleaved) and report
+    /// the median run; iozone passes, which build on each other's files, run once.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=9))]
     pub repeat: u32,
     /// Run only the suite's jobs whose name contains TEXT (repeatable), e.g. "1m read".
@@ -85,17 +85,29 @@ pub struct Measurement {
     #[serde(default)]
     pub meta: Option<MetaFigures>,
     pub seconds: f64,
-    /// With --repeat: the job's figure in every repetition, in run order; this
-    /// measurement is the median one.
+    /// With --repeat: the job's figure in every repetition, in run order, `None` for a
+    /// repetition that failed; this measurement is the median one ([`median_run`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub repeats: Vec<f64>,
+    pub repeats: Vec<Option<f64>>,
+    /// With --repeat: every repetition that failed, with its error (`error` itself is set
+    /// only when all of them failed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed_repeats: Vec<FailedRepeat>,
     /// CPU of the client (fio, nfsh) and of the server while the client ran; none for runs
     /// whose fio was killed.
     #[serde(default)]
     pub cpu: Option<cpu::CpuFigures>,
 }
 
-/// Writes back every dirty page before a fio or metadata job starts (not timed), so that
+/// A repetition of a job that failed.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct FailedRepeat {
+    /// Its place in run order, from 1.
+    pub run: u32,
+    pub error: String,
+}
+
+/// Writes back every dirty page before a fio, iozone or metadata job starts (not timed), so that
 /// no job measures the writeback of an earlier one: a read job right after a write job
 /// would otherwise compete with the flushing of gigabytes written before it, and a
 /// listing with the metadata writeback of another target's thousands of renames, for
@@ -116,18 +128,31 @@ fn warm_server_file(t: &Target, shape: &fio::FioShape) -> Result<()> {
     }
 }
 
-/// Of one target's repetitions of a job, the measurement with the median figure (the
-/// lower middle one for an even count); failed repetitions count only if all failed.
-pub fn median_run(mut reps: Vec<Measurement>, metric: Metric) -> Measurement {
-    let values: Vec<f64> = reps.iter().filter_map(|m| m.value(metric)).collect();
-    let mut ok: Vec<Measurement> = reps.iter().filter(|m| m.value(metric).is_some()).cloned().collect();
-    if ok.is_empty() {
-        return reps.swap_remove(0);
-    }
-    ok.sort_by(|a, b| a.value(metric).partial_cmp(&b.value(metric)).unwrap_or(std::cmp::Ordering::Equal));
-    let mut m = ok.swap_remove((ok.len() - 1) / 2);
-    if reps.len() > 1 {
+/// Of one target's repetitions of a job, the measurement with the median figure of those
+/// that succeeded; of an even number, the upper middle one, for every target alike (a real
+/// run rather than a mean of two, so that the latency, CPU and server figures shown with
+/// it are its own). The first repetition if all failed. Failed repetitions stay in sight:
+/// `None` in their place in `repeats`, their errors in `failed_repeats`.
+pub fn median_run(reps: Vec<Measurement>, metric: Metric) -> Measurement {
+    let values: Vec<Option<f64>> = reps.iter().map(|m| m.value(metric)).collect();
+    let failed: Vec<FailedRepeat> = reps
+        .iter()
+        .zip(&values)
+        .enumerate()
+        .filter(|(_, (_, v))| v.is_none())
+        .map(|(i, (m, _))| FailedRepeat { run: i as u32 + 1, error: m.error.clone().unwrap_or_else(|| "no figure".into()) })
+        .collect();
+    let several = reps.len() > 1;
+    let mut ok: Vec<(f64, Measurement)> = reps.iter().zip(&values).filter_map(|(m, v)| v.map(|v| (v, m.clone()))).collect();
+    let mut m = if ok.is_empty() {
+        reps.into_iter().next().expect("a job runs at least once")
+    } else {
+        ok.sort_by(|a, b| a.0.total_cmp(&b.0));
+        ok.swap_remove(ok.len() / 2).1
+    };
+    if several {
         m.repeats = values;
+        m.failed_repeats = failed;
     }
     m
 }
@@ -143,6 +168,16 @@ pub struct MetaFigures {
 }
 
 impl Measurement {
+    /// Every failed run behind this measurement: its repetition (from 1, with --repeat)
+    /// and its error.
+    pub fn failed_runs(&self) -> Vec<(Option<u32>, &str)> {
+        if self.failed_repeats.is_empty() {
+            self.error.iter().map(|e| (None, e.as_str())).collect()
+        } else {
+            self.failed_repeats.iter().map(|f| (Some(f.run), f.error.as_str())).collect()
+        }
+    }
+
     /// The server process's CPU per operation (µs): per I/O for fio jobs (its cores ÷
     /// IOPS), per counted operation for metadata jobs.
     pub fn server_cpu_per_op_us(&self) -> Option<f64> {
@@ -320,6 +355,8 @@ struct Runner {
     tree: Option<std::result::Result<local::TreeSource, String>>,
     /// Which repetition is running (0 = the first).
     round: u32,
+    /// nasd's counters as the running job's timed part started ([`Runner::timed_part_starts`]).
+    server_before: Option<metrics::Snapshot>,
 }
 
 impl Runner {
@@ -327,30 +364,28 @@ impl Runner {
         let _ = std::fs::write(self.raw.join(format!("{tag}.json")), text);
     }
 
-    /// `path` (from the export's root) for this repetition's metadata jobs: the first
-    /// repetition works at the root, each later one in a directory of its own, so that none
-    /// finds files an earlier one left (a run of steps selected only in part leaves its
-    /// files, as `--only stat` leaves those `create` made).
+    /// This repetition's directory for the metadata jobs, `round-N` (N from 1).
+    fn round_dir(&self) -> String {
+        format!("round-{}", self.round + 1)
+    }
+
+    /// `path` (from the export's root) for this repetition's metadata jobs. Each repetition
+    /// works in a directory of its own, so that none finds files an earlier one left (a run
+    /// of steps selected only in part leaves its files, as `--only stat` leaves those
+    /// `create` made). The first does too, with or without --repeat: libnfs resolves every
+    /// path from the export's root, a LOOKUP per directory, so a repetition one directory
+    /// deeper than another would pay a round trip more per operation.
     fn meta_path(&self, path: &str) -> String {
-        match self.round {
-            0 => path.to_string(),
-            r => format!("/round-{}{path}", r + 1),
-        }
+        format!("/{}{path}", self.round_dir())
     }
 
     /// The same place as [`Self::meta_path`], in the directory `root` the export serves.
     fn meta_root(&self, root: &Path) -> PathBuf {
-        match self.round {
-            0 => root.to_path_buf(),
-            r => root.join(format!("round-{}", r + 1)),
-        }
+        root.join(self.round_dir())
     }
 
     /// Makes this repetition's directory for the metadata jobs (not timed).
     fn enter_round(&self, t: &Target) -> Result<()> {
-        if self.round == 0 {
-            return Ok(());
-        }
         match &t.local_dir {
             Some(root) => std::fs::create_dir_all(self.meta_root(root)).context("making the repetition's directory"),
             None => {
@@ -371,6 +406,13 @@ impl Runner {
         fio::run(&self.fio, &args, fio::Deadlines::size_based(600)).with_context(|| format!("laying out {file} on {}", t.name))?;
         self.laid_out.insert(key, size);
         Ok(())
+    }
+
+    /// Marks the start of a job's timed part: reads the server's counters here, after the
+    /// file layout, mkdirs and any other untimed setup (and again before a stuck run is
+    /// started over), so that the server's figures count the timed client alone.
+    fn timed_part_starts(&mut self, t: &Target) {
+        self.server_before = t.metrics.and_then(|a| metrics::scrape(a).ok());
     }
 
     fn remove_file(&mut self, t: &Target, file: &str) {
@@ -451,6 +493,7 @@ impl Runner {
                 MetaOp::Remove => dirs.iter().map(|d| vec!["remove-loop".into(), d.clone(), per.to_string(), "f".into()]).collect(),
                 _ => bail!("{op:?} has no parallel form"),
             };
+            self.timed_part_starts(t);
             let window = cpu::CpuWindow::start(t.pid());
             let runs = self.nfsh_at_once(t, &loops)?;
             m.cpu = Some(window.finish());
@@ -471,11 +514,12 @@ impl Runner {
     fn run_job(&mut self, t: &mut Target, job: &Job, idx: usize) -> Measurement {
         let mut m = Measurement { target: t.name.clone(), ..Default::default() };
         let t0 = Instant::now();
-        // Before the server's counters are read, so its MKDIR is not counted in the job.
+        self.server_before = None;
         let r = if job.is_meta() { self.enter_round(t) } else { Ok(()) };
-        let before = t.metrics.and_then(|a| metrics::scrape(a).ok());
+        // The counters before were read where the timed part started; nothing after it
+        // reaches the server (untimed removals after rm -rf and iozone go through the disk).
         let r = r.and_then(|()| self.run_job_inner(t, job, idx, &mut m));
-        if let (Some(b), Some(a)) = (before, t.metrics.and_then(|a| metrics::scrape(a).ok())) {
+        if let (Some(b), Some(a)) = (self.server_before.take(), t.metrics.and_then(|a| metrics::scrape(a).ok())) {
             m.server = Some(metrics::diff(&b, &a));
         }
         if let Err(e) = r {
@@ -507,6 +551,7 @@ impl Runner {
                 settle_page_cache();
                 let args = fio::command_line(s, &slug(&job.name), &t.engine);
                 m.commands.push(format!("fio {}", fio::shell_join(&args)));
+                self.timed_part_starts(t);
                 let window = cpu::CpuWindow::start(t.pid());
                 let run = loop {
                     match fio::run(&self.fio, &args, deadlines(s)) {
@@ -515,6 +560,7 @@ impl Runner {
                         Err(e) if e.is::<fio::Stuck>() && m.stuck_retries < STUCK_RETRIES => {
                             m.stuck_retries += 1;
                             eprintln!("bench:   {} stuck (fio waits for a reply that never comes); running it again", t.name);
+                            self.timed_part_starts(t);
                         }
                         r => break r?,
                     }
@@ -530,8 +576,10 @@ impl Runner {
                 } else {
                     self.ensure_file(t, &shape.file, shape.size)?;
                 }
+                settle_page_cache();
                 let args = fio::command_line(shape, op, &t.engine);
                 m.commands.push(format!("fio {}", fio::shell_join(&args)));
+                self.timed_part_starts(t);
                 let window = cpu::CpuWindow::start(t.pid());
                 let run = fio::run(&self.fio, &args, fio::Deadlines::size_based(1800))?;
                 m.cpu = window.finish_unless(run.hung_at_exit.is_some());
@@ -555,6 +603,7 @@ impl Runner {
                     argvs.push((s, args));
                 }
                 settle_page_cache();
+                self.timed_part_starts(t);
                 let window = cpu::CpuWindow::start(t.pid());
                 // Separate processes (own connections), started together.
                 for (_, args) in &argvs {
@@ -616,6 +665,7 @@ impl Runner {
                     MetaOp::Remove => (vec!["remove-loop".into(), flat, files.to_string(), "r".into()], "ops"),
                     MetaOp::Untar | MetaOp::CopyTree | MetaOp::RemoveTree => unreachable!("real-tree jobs run in run_tree_job"),
                 };
+                self.timed_part_starts(t);
                 let window = cpu::CpuWindow::start(t.pid());
                 let (cmd, v) = self.nfsh(t, &args)?;
                 m.cpu = Some(window.finish());
@@ -666,6 +716,7 @@ impl Runner {
                 MetaOp::CopyTree => vec!["copy-tree".into(), untar, copy.clone()],
                 _ => vec!["remove-tree".into(), untar],
             };
+            self.timed_part_starts(t);
             let window = cpu::CpuWindow::start(t.pid());
             let (cmd, v) = self.nfsh(t, &args)?;
             m.cpu = Some(window.finish());
@@ -823,7 +874,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         notes.push("local ceiling uses ioengine=psync (synchronous): its iodepth is effectively 1".into());
     }
 
-    let mut runner = Runner { fio: fio_bin.clone(), nfsh, raw, laid_out: HashMap::new(), tree: None, round: 0 };
+    let mut runner = Runner { fio: fio_bin.clone(), nfsh, raw, laid_out: HashMap::new(), tree: None, round: 0, server_before: None };
     if jobs.iter().any(|j| matches!(j.kind, JobKind::Meta { op, .. } if op.is_tree())) {
         eprintln!("bench: copying the source tree of the real-tree jobs to {} (not timed)", work.join("tree-src").display());
         let src = local::prepare_tree_source(&work.join("tree-src")).map_err(|e| format!("{e:#}"));
@@ -847,7 +898,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         notes.push(pagecache::REPORT_NOTE.into());
     }
     if args.repeat > 1 {
-        notes.push(format!("each fio and metadata job ran {} times per target (targets interleaved; the metadata jobs as a whole run of steps, each repetition in a directory of its own, since each step works on the files an earlier one made); tables show the median run, the section Repetitions lists every figure. iozone jobs ran once.", args.repeat));
+        notes.push(format!("each fio and metadata job ran {} times per target (targets interleaved; the metadata jobs as a whole run of steps, each repetition in a directory of its own, round-N, since each step works on the files an earlier one made); tables show the median of the runs that succeeded (of an even number, the upper middle run), the section Repetitions lists every figure and failed run. iozone jobs ran once.", args.repeat));
     }
     let meta_step = |frees: bool| jobs.iter().any(|j| j.is_meta() && j.frees_inodes() == frees);
     if meta_step(true) && meta_step(false) {
@@ -925,7 +976,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if !args.keep_data {
         let _ = std::fs::remove_dir_all(&work);
     }
-    let failed = results.jobs.iter().flat_map(|j| &j.runs).filter(|m| m.error.is_some()).count();
+    let failed: usize = results.jobs.iter().flat_map(|j| &j.runs).map(|m| m.failed_runs().len()).sum();
     eprintln!("bench: done in {}; report in {}/report.md ({} failed runs)", fmt_dur(t_start.elapsed().as_secs_f64()), out.display(), failed);
     Ok(())
 }
@@ -942,15 +993,122 @@ mod tests {
     fn median_run_picks_the_middle_figure_and_keeps_all() {
         let m = median_run(vec![ops(Some(300.0)), ops(Some(100.0)), ops(Some(200.0))], Metric::OpsPerSec);
         assert_eq!(m.ops_per_sec, Some(200.0));
-        assert_eq!(m.repeats, vec![300.0, 100.0, 200.0]);
-        // A failed repetition does not count while another succeeded.
+        assert_eq!(m.repeats, vec![Some(300.0), Some(100.0), Some(200.0)]);
+        assert!(m.failed_repeats.is_empty() && m.failed_runs().is_empty());
+        // Of an even number, the upper middle one, however many failed.
+        let m = median_run(vec![ops(Some(10.0)), ops(Some(40.0)), ops(Some(20.0)), ops(Some(30.0))], Metric::OpsPerSec);
+        assert_eq!(m.ops_per_sec, Some(30.0));
         let m = median_run(vec![ops(None), ops(Some(50.0)), ops(Some(70.0))], Metric::OpsPerSec);
-        assert_eq!(m.ops_per_sec, Some(50.0));
+        assert_eq!(m.ops_per_sec, Some(70.0));
         assert!(m.error.is_none());
+        // The failed repetition stays in its place, with its error.
+        assert_eq!(m.repeats, vec![None, Some(50.0), Some(70.0)]);
+        assert_eq!(m.failed_repeats, vec![FailedRepeat { run: 1, error: "failed".into() }]);
+        assert_eq!(m.failed_runs(), vec![(Some(1), "failed")]);
+        // All failed: each one listed once.
         let m = median_run(vec![ops(None), ops(None)], Metric::OpsPerSec);
         assert!(m.error.is_some());
-        // One run: nothing to list.
+        assert_eq!(m.failed_runs(), vec![(Some(1), "failed"), (Some(2), "failed")]);
+        // One run: nothing to list but its own error.
         assert!(median_run(vec![ops(Some(1.0))], Metric::OpsPerSec).repeats.is_empty());
+        assert_eq!(median_run(vec![ops(None)], Metric::OpsPerSec).failed_runs(), vec![(None, "failed")]);
+    }
+
+    fn runner(dir: &Path, fio: PathBuf) -> Runner {
+        let raw = dir.join("raw");
+        std::fs::create_dir_all(&raw).unwrap();
+        Runner { fio, nfsh: None, raw, laid_out: HashMap::new(), tree: None, round: 0, server_before: None }
+    }
+
+    fn meta_job(op: MetaOp, files: u32) -> Job {
+        Job { suite: "metadata".into(), name: format!("{op:?}"), group: "metadata".into(), x: 0.0, metric: Metric::OpsPerSec, kind: JobKind::Meta { op, files, dirs: 1, clients: 1 } }
+    }
+
+    #[test]
+    fn every_repetition_works_equally_deep() {
+        // libnfs LOOKUPs each directory of a path: the first repetition may not be a level
+        // shallower than the others, with or without --repeat.
+        let tmp = tempfile::tempdir().unwrap();
+        let mut r = runner(tmp.path(), "fio".into());
+        assert_eq!(r.meta_path("/md-flat"), "/round-1/md-flat");
+        r.round = 1;
+        assert_eq!(r.meta_path("/md-flat"), "/round-2/md-flat");
+        assert_eq!(r.meta_path("/tree-untar"), "/round-2/tree-untar");
+        // The local disk's jobs likewise, each repetition in a directory of its own.
+        let mut local = Target::start(&TargetSpec::Local, &tmp.path().join("local"), 3, "psync").unwrap();
+        let root = local.local_dir.clone().unwrap();
+        for round in [0, 1] {
+            r.round = round;
+            for (i, op) in [MetaOp::Create, MetaOp::Rename, MetaOp::Readdir].into_iter().enumerate() {
+                let m = r.run_job(&mut local, &meta_job(op, 20), i);
+                assert!(m.error.is_none(), "{op:?}: {:?}", m.error);
+                assert_eq!(m.meta.map(|f| f.ops), Some(20), "{op:?}");
+            }
+        }
+        for round in ["round-1", "round-2"] {
+            assert_eq!(std::fs::read_dir(root.join(round).join("md-flat")).unwrap().count(), 20, "{round}");
+        }
+        assert!(!root.join("md-flat").exists());
+    }
+
+    /// A stand-in for nasd's metrics endpoint: its WRITE count is the number of lines in
+    /// `calls`, one per run of the fake fio.
+    fn fake_metrics(calls: PathBuf) -> std::net::SocketAddr {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                // The whole request first: closing with some of it unread would reset the
+                // connection under the reply (the scraper writes it in several pieces).
+                let mut request = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf) {
+                        Ok(n) if n > 0 => request.extend_from_slice(&buf[..n]),
+                        _ => break,
+                    }
+                }
+                let n = std::fs::read_to_string(&calls).unwrap_or_default().lines().count();
+                let proc = "program=\"nfs3\",procedure=\"WRITE\"";
+                let _ = write!(
+                    conn,
+                    "HTTP/1.0 200 OK\r\n\r\nnasd_rpc_latency_seconds_bucket{{{proc},le=\"+Inf\"}} {n}\n\
+                     nasd_rpc_latency_seconds_sum{{{proc}}} {}\nnasd_rpc_latency_seconds_count{{{proc}}} {n}\n",
+                    n as f64 * 1e-4
+                );
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn server_figures_count_the_timed_run_alone() {
+        // The file's layout is a fio run too, before the timed one: the server's figures
+        // must leave it out.
+        let tmp = tempfile::tempdir().unwrap();
+        let calls = tmp.path().join("calls");
+        let report = tmp.path().join("report.json");
+        std::fs::write(&report, r#"{"jobs": [{"error": 0, "read": {"iops": 100.0, "bw_bytes": 409600, "total_ios": 100, "runtime": 1000}, "write": {}}]}"#).unwrap();
+        let fio = tmp.path().join("fio");
+        std::fs::write(&fio, format!("#!/bin/sh\necho run >> {}\ncat {}\n", calls.display(), report.display())).unwrap();
+        std::fs::set_permissions(&fio, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let mut r = runner(tmp.path(), fio);
+        let mut t = Target::start(&TargetSpec::Local, &tmp.path().join("local"), 3, "psync").unwrap();
+        t.metrics = Some(fake_metrics(calls.clone()));
+        let shape = fio::FioShape { rw: "randread".into(), bs: 4096, iodepth: 1, rwmixread: None, size: 1 << 20, runtime: 1, ramp: 0, randrepeat0: false, sync: false, file: "f.dat".into() };
+        let iozone = fio::FioShape { rw: "read".into(), runtime: 0, file: "iozone-1m.dat".into(), ..shape.clone() };
+        let kinds = [JobKind::Fio(shape), JobKind::Iozone { op: "read".into(), shape: iozone }];
+        for (i, kind) in kinds.into_iter().enumerate() {
+            let job = Job { suite: "smoke".into(), name: format!("job {i}"), group: "g".into(), x: 1.0, metric: Metric::Iops, kind };
+            let m = r.run_job(&mut t, &job, i);
+            assert!(m.error.is_none(), "{:?}", m.error);
+            let writes: Vec<u64> = m.server.expect("server figures").procs.iter().map(|p| p.calls).collect();
+            assert_eq!(writes, [1], "job {i}: the layout's run counted");
+        }
+        // Each job laid its file out and then ran once.
+        assert_eq!(std::fs::read_to_string(&calls).unwrap().lines().count(), 4);
     }
 
     #[test]

@@ -43,11 +43,28 @@ pub fn fmt_ratio(r: Option<f64>) -> String {
     r.map(|r| format!("{r:.2}×")).unwrap_or_else(|| "-".into())
 }
 
+/// iozone cases that ran shorter than this (milliseconds) are marked [`SHORT_MARK`] and
+/// left out of the max and mean: fio counts whole milliseconds, rounded up, so a pass of
+/// 0.2 ms shows as the file size ÷ 1 ms, a figure that is mostly the rounding.
+pub const IOZONE_MIN_MS: u64 = 5;
+pub const SHORT_MARK: &str = "†";
+
+/// An iozone case whose run was too short for its figure to mean much.
+fn too_short(j: &JobResult, target: &str) -> bool {
+    matches!(j.job.kind, JobKind::Iozone { .. }) && j.get(target).and_then(|m| m.fio.as_ref()).and_then(|f| f.runtime_ms()).is_some_and(|ms| ms < IOZONE_MIN_MS)
+}
+
+/// A job's figure, marked when it is an iozone case too short to count.
+fn figure(j: &JobResult, target: &str) -> Option<String> {
+    let v = fmt_num(j.value(target)?);
+    Some(if too_short(j, target) { format!("{v}{SHORT_MARK}") } else { v })
+}
+
 fn cell(j: &JobResult, target: &str) -> String {
     match j.get(target) {
         None => "-".into(),
         Some(m) if m.error.is_some() => "error".into(),
-        Some(m) => m.value(j.job.metric).map(fmt_num).unwrap_or_else(|| "-".into()),
+        Some(_) => figure(j, target).unwrap_or_else(|| "-".into()),
     }
 }
 
@@ -219,15 +236,22 @@ fn iozone_blocks(r: &Results) -> Vec<Block> {
     let files: BTreeSet<u64> = cases.iter().map(|c| c.0).collect();
     let recs: BTreeSet<u64> = cases.iter().map(|c| c.1).collect();
     let max_file = *files.iter().last().unwrap();
+    let names = r.target_names();
     out.push(Block::Para(format!(
-        "{} cases (files {}–{}, records {}–{}; records of 32k and below skipped for files above 32m), the iozone -a matrix. Max and mean over all cases, MiB/s:",
+        "{} cases (files {}–{}, records {}–{}; records of 32k and below skipped for files above 32m), the iozone -a matrix. Max and mean over all cases, MiB/s, leaving out the cases marked {SHORT_MARK}:",
         iozone_cases(max_file).len(),
         fmt_size(*files.iter().next().unwrap()),
         fmt_size(max_file),
         fmt_size(*recs.iter().next().unwrap()),
         fmt_size(*recs.iter().last().unwrap())
     )));
-    let names = r.target_names();
+    let iozone = || r.jobs.iter().filter(|j| matches!(j.job.kind, JobKind::Iozone { .. }));
+    if iozone().any(|j| names.iter().any(|n| too_short(j, n))) {
+        out.push(Block::Para(format!(
+            "{SHORT_MARK} ran under {IOZONE_MIN_MS} ms: fio counts whole milliseconds, rounded up, so a pass that took 0.2 ms shows as the file size ÷ 1 ms. \
+             These figures are mostly that rounding; the max and mean leave them out."
+        )));
+    }
     let mut header = vec!["operation".to_string()];
     for n in &names {
         header.push(format!("{n} max"));
@@ -241,6 +265,7 @@ fn iozone_blocks(r: &Results) -> Vec<Block> {
                 .jobs
                 .iter()
                 .filter(|j| matches!(&j.job.kind, JobKind::Iozone { op: o, .. } if o == op))
+                .filter(|j| !too_short(j, n))
                 .filter_map(|j| j.value(n))
                 .collect();
             let max = vals.iter().cloned().fold(f64::NAN, f64::max);
@@ -261,7 +286,7 @@ fn iozone_blocks(r: &Results) -> Vec<Block> {
                 let mut row = vec![fmt_size(*f)];
                 for rc in &recs {
                     let v = r.jobs.iter().find(|j| matches!(&j.job.kind, JobKind::Iozone { op: o, shape } if o == op && shape.size == *f && shape.bs == *rc));
-                    row.push(v.and_then(|j| j.value(n)).map(fmt_num).unwrap_or_default());
+                    row.push(v.and_then(|j| figure(j, n)).unwrap_or_default());
                 }
                 rows.push(row);
             }
@@ -378,8 +403,9 @@ pub fn blocks(r: &Results, old: Option<&Results>, plots: &[(String, String)]) ->
         .iter()
         .flat_map(|j| {
             j.runs.iter().filter(|m| m.repeats.len() > 1).map(move |m| {
-                let all: Vec<String> = m.repeats.iter().map(|v| fmt_num(*v)).collect();
-                let spread = match (m.repeats.iter().cloned().reduce(f64::min), m.repeats.iter().cloned().reduce(f64::max)) {
+                let all: Vec<String> = m.repeats.iter().map(|v| v.map_or_else(|| "failed".into(), fmt_num)).collect();
+                let ok = || m.repeats.iter().flatten().copied();
+                let spread = match (ok().reduce(f64::min), ok().reduce(f64::max)) {
                     (Some(lo), Some(hi)) if lo > 0.0 => format!("{:.0}%", (hi - lo) / lo * 100.0),
                     _ => "-".into(),
                 };
@@ -389,7 +415,12 @@ pub fn blocks(r: &Results, old: Option<&Results>, plots: &[(String, String)]) ->
         .collect();
     if !repeated.is_empty() {
         b.push(Block::Heading(2, "Repetitions".into()));
-        b.push(Block::Para("Every run's figure (IOPS, MiB/s, ops/s) in run order; the tables above use the median. Spread = (max − min) ÷ min.".into()));
+        b.push(Block::Para(
+            "Every run's figure (IOPS, MiB/s, ops/s) in run order, `failed` for a run that failed (its error is under Failed runs). The tables above use the median of \
+             the runs that succeeded; of an even number, the upper middle one, a real run whose latency, CPU and server figures the tables show with it. \
+             Spread = (max − min) ÷ min of the runs that succeeded."
+                .into(),
+        ));
         b.push(Block::Table {
             header: ["job", "target", "runs", "median", "spread"].iter().map(|s| s.to_string()).collect(),
             rows: repeated,
@@ -398,11 +429,19 @@ pub fn blocks(r: &Results, old: Option<&Results>, plots: &[(String, String)]) ->
     let errors: Vec<Vec<String>> = r
         .jobs
         .iter()
-        .flat_map(|j| j.runs.iter().filter_map(move |m| m.error.as_ref().map(|e| vec![j.job.name.clone(), m.target.clone(), e.lines().next().unwrap_or("").to_string()])))
+        .flat_map(|j| {
+            j.runs.iter().flat_map(move |m| {
+                m.failed_runs().into_iter().map(move |(run, e)| {
+                    let run = run.map_or_else(|| "-".into(), |k| format!("{k} of {}", m.repeats.len()));
+                    vec![j.job.name.clone(), m.target.clone(), run, e.lines().next().unwrap_or("").to_string()]
+                })
+            })
+        })
         .collect();
     if !errors.is_empty() {
         b.push(Block::Heading(2, "Failed runs".into()));
-        b.push(Block::Table { header: vec!["job".into(), "target".into(), "error".into()], rows: errors });
+        b.push(Block::Para("Every run that failed, each repetition of a repeated job on its own row.".into()));
+        b.push(Block::Table { header: vec!["job".into(), "target".into(), "run".into(), "error".into()], rows: errors });
     }
     let hangs: Vec<Vec<String>> = r
         .jobs
@@ -700,6 +739,51 @@ mod tests {
         let html = html(&r, None, &[]);
         assert!(html.contains("<th>nasd÷local</th>") && html.contains("<td>2.00×</td>"));
         assert!(!html.contains("Change since"));
+    }
+
+    #[test]
+    fn repetitions_show_failed_runs_in_place_and_every_error() {
+        let mut r = results();
+        let run = |v: Option<f64>, err: &str| {
+            let mut m = r.jobs[0].runs[0].clone();
+            m.fio.as_mut().unwrap().read.iops = v.unwrap_or(0.0);
+            m.error = v.is_none().then(|| err.to_string());
+            m
+        };
+        let reps = vec![run(Some(3000.0), ""), run(None, "timed out"), run(Some(2000.0), ""), run(None, "server exited")];
+        r.jobs[0].runs[0] = super::super::median_run(reps, Metric::Iops);
+        let md = markdown(&r, None, &[]);
+        assert!(md.contains("| 4k randread qd1 | nasd | 3000 / failed / 2000 / failed | 3000 | 50% |"), "{md}");
+        assert!(md.contains("| job | target | run | error |"), "{md}");
+        assert!(md.contains("| 4k randread qd1 | nasd | 2 of 4 | timed out |"), "{md}");
+        assert!(md.contains("| 4k randread qd1 | nasd | 4 of 4 | server exited |"), "{md}");
+        // a run without repetitions: its own error
+        assert!(md.contains("| 4k randread qd1 | local | - | boom |"), "{md}");
+    }
+
+    #[test]
+    fn iozone_cases_too_short_to_time_are_marked_and_left_out_of_the_mean() {
+        let mut r = results();
+        r.suite = "iozone".into();
+        let case = |size: u64, mib_s: f64, runtime_ms: u64| {
+            let shape = FioShape { rw: "read".into(), bs: 4096, iodepth: 1, rwmixread: None, size, runtime: 0, ramp: 0, randrepeat0: false, sync: false, file: "f".into() };
+            let mut f = FioResult::default();
+            f.read.bw_bytes = mib_s * 1048576.0;
+            f.read.runtime_ms = Some(runtime_ms);
+            JobResult {
+                job: Job { suite: "iozone".into(), name: format!("read file {size}"), group: "read".into(), x: 4096.0, metric: Metric::MiBs, kind: JobKind::Iozone { op: "read".into(), shape } },
+                runs: vec![Measurement { target: "nasd".into(), fio: Some(f), ..Default::default() }],
+            }
+        };
+        // 1 MiB in under a millisecond counts as 1 ms: 1000 MiB/s, whatever it took.
+        r.jobs = vec![case(1 << 20, 1000.0, 1), case(64 << 20, 200.0, 320), case(128 << 20, 100.0, 1280)];
+        let md = markdown(&r, None, &[]);
+        assert!(md.contains("| read | 200 | 150 |"), "{md}");
+        assert!(md.contains(&format!("| 1m | 1000{SHORT_MARK} |")), "{md}");
+        assert!(md.contains("| 64m | 200 |"), "{md}");
+        assert!(md.contains(&format!("{SHORT_MARK} ran under 5 ms")), "{md}");
+        let Block::Table { rows, .. } = main_table(&r, "iozone") else { panic!() };
+        assert_eq!(rows[0][2], format!("1000{SHORT_MARK}"));
     }
 
     #[test]
