@@ -319,16 +319,29 @@ fn compare_table(new: &Results, old: &Results) -> Block {
     Block::Table { header: ["job", "target", "unit", "before", "now", "change"].iter().map(|s| s.to_string()).collect(), rows }
 }
 
+/// What the run's clients were and what `local` measured: fio jobs and metadata jobs
+/// measure the local disk in different ways, and neither is a ceiling for every job.
+fn intro(r: &Results) -> String {
+    let fio = r.jobs.iter().any(|j| !j.job.is_meta());
+    let meta = r.jobs.iter().any(|j| j.job.is_meta());
+    let mut text = format!("Run {} ({} s). ", r.started, r.seconds as u64);
+    if fio {
+        text += &format!(
+            "Client: fio with the libnfs engine ({}, over TCP to 127.0.0.1), one process per job. `local` is fio on the file system that holds the servers' data, with direct I/O: the disk's own figure for the same shape, without network or client. Reads and unstable writes over NFS go through the server's page cache and can exceed it. ",
+            r.protocol
+        );
+    }
+    if meta {
+        text += "Metadata jobs: the test rig's libnfs client (nfsh), one call at a time. `local` runs the same operations with system calls on the file system that holds the servers' data, making nothing durable, where an NFS server in a `sync` export makes each change durable before it replies. ";
+    }
+    text + "Each job runs against every target in turn before the next job, and the target that goes first rotates from job to job."
+}
+
 /// Everything in the report, in order.
 pub fn blocks(r: &Results, old: Option<&Results>, plots: &[(String, String)]) -> Vec<Block> {
     let mut b = Vec::new();
     b.push(Block::Heading(1, format!("nasd bench: {} suite", r.suite)));
-    b.push(Block::Para(format!(
-        "Run {} ({} s). Client: fio with the libnfs engine ({}, over TCP to 127.0.0.1), one process per job; each job shape runs against every target in turn before the next shape, and the target that goes first rotates from job to job. `local` is the local disk's own direct-I/O figure for the same shape, on the file system that holds the servers' data: the ceiling.",
-        r.started,
-        r.seconds as u64,
-        r.protocol
-    )));
+    b.push(Block::Para(intro(r)));
     b.push(Block::Code(r.command.clone()));
     b.push(Block::Heading(2, "Targets".into()));
     b.push(Block::Table {
@@ -739,6 +752,17 @@ mod tests {
         let html = html(&r, None, &[]);
         assert!(html.contains("<th>nasd÷local</th>") && html.contains("<td>2.00×</td>"));
         assert!(!html.contains("Change since"));
+    }
+
+    #[test]
+    fn the_introduction_says_what_local_measured_for_the_jobs_that_ran() {
+        let r = results();
+        let fio_only = intro(&r);
+        assert!(fio_only.contains("direct I/O") && !fio_only.contains("nfsh"), "{fio_only}");
+        let mut meta = r.clone();
+        meta.jobs[0].job.kind = JobKind::Meta { op: crate::bench::suites::MetaOp::Create, files: 10, dirs: 1, clients: 1 };
+        let meta_only = intro(&meta);
+        assert!(meta_only.contains("making nothing durable") && !meta_only.contains("direct I/O"), "{meta_only}");
     }
 
     #[test]
