@@ -220,7 +220,6 @@ fn open_export(export: Export, limits: &Limits, changes: &ChangeCount) -> anyhow
     if !export.path.is_dir() {
         return Err(UsageError(format!("export {} is not a directory", export.path.display())).into());
     }
-    let root = dir_identity(&export.path).map_err(|e| UsageError(format!("export {}: {e}", export.path.display())))?;
     let sync = export_is_sync(&export);
     if sync && export.rules.iter().any(|r| !r.options.sync) {
         tracing::warn!(
@@ -238,13 +237,8 @@ fn open_export(export: Export, limits: &Limits, changes: &ChangeCount) -> anyhow
     })
     .map_err(|e| UsageError(format!("{e:#}")))?;
     tracing::info!(path = %export.path.display(), id = export.id, sync, "exporting");
-    Ok(ExportRuntime { export, vfs, root })
-}
-
-/// Device and inode of a directory: which directory a path leads to now.
-fn dir_identity(path: &std::path::Path) -> std::io::Result<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(path).map(|m| (m.dev(), m.ino()))
+    let path = export.path.clone();
+    Ok(ExportRuntime::new(export, vfs).map_err(|e| UsageError(format!("export {}: {e}", path.display())))?)
 }
 
 /// Applies a new export table to a running server, as `exportfs -r` does for knfsd: new
@@ -295,7 +289,7 @@ impl ExportReloader {
             // replaces the directory underneath, as `exportfs -r` would: kept, the old
             // storage would go on serving, and filling, the directory under the mount.
             let same = same.filter(|rt| {
-                let now = dir_identity(&export.path).ok();
+                let now = state::dir_identity(&export.path).ok();
                 if now != Some(rt.root) {
                     tracing::info!(export = %export.path.display(), "the export's path leads to another directory now (a file system mounted on it, or the directory replaced): opened afresh");
                 }
