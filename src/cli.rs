@@ -1,6 +1,6 @@
 //! Command line: `nasd serve`.
 
-use crate::exports::{parse_exports, ClientRule, ClientSpec, Export, ExportOptions, ExportTable};
+use crate::exports::{parse_client_spec, parse_exports, ClientRule, Export, ExportOptions, ExportTable};
 use crate::server::{Config, Server, UsageError};
 use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
@@ -201,10 +201,9 @@ fn single_dir_exports(dir: &std::path::Path, args: &ServeArgs) -> anyhow::Result
                 "--allow {spec:?}: give one client (an address, network, host name or wildcard) per --allow, without options; the options are flags (--ro, --no-root-squash, ...)"
             )));
         }
-        // Reuse the exports(5) client syntax.
-        let line = format!("/x {spec}");
-        let t = parse_exports(&line, "--allow").map_err(|e| usage(format!("--allow {spec}: {}", e.message)))?;
-        let spec: ClientSpec = t.exports[0].rules[0].spec.clone();
+        // The exports(5) client syntax, one client alone: read as a line of a file, a `#`
+        // or quotes could leave the line with no client, which is everyone.
+        let spec = parse_client_spec(&spec).map_err(|e| usage(format!("--allow {spec}: {e}")))?;
         rules.push(ClientRule { spec, options: options.clone() });
     }
     let id = crate::exports::export_id_for_path(&path);
@@ -319,6 +318,7 @@ fn init_logging(filter: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exports::ClientSpec;
 
     #[test]
     fn mount_points_from_mountinfo() {
@@ -351,7 +351,7 @@ mod tests {
         assert_eq!(one[0].spec, ClientSpec::Network("10.0.0.0".parse().unwrap(), 8));
         // An unset shell variable, options the flag would drop, two clients in one value, a
         // default-options token: each refused, never read as "everyone".
-        for bad in ["", "  ", "10.0.0.1(rw,no_root_squash)", "a b", "-rw"] {
+        for bad in ["", "  ", "10.0.0.1(rw,no_root_squash)", "a b", "-rw", "#x", "\"\"", "10.1"] {
             assert!(rules(&[&format!("--allow={bad}")]).is_err(), "--allow {bad:?} accepted");
         }
         assert_eq!(rules(&[]).expect("no --allow").len(), 1, "without --allow: everyone, on purpose");

@@ -59,7 +59,8 @@ fn world() -> &'static World {
         for export in table.exports {
             let vfs = LocalFs::open(&LocalConfig { path: export.path.clone(), fsid: export.id as u64, sync: false, cache_capacity: 64, cache_idle: None, changes: ChangeCount::default() })
                 .expect("open export");
-            exports.push(ExportRuntime::new(export, vfs).expect("export directory"));
+            let root = vfs.root_identity();
+            exports.push(ExportRuntime { export, vfs, root });
         }
         let state = Arc::new(ServerState::new(exports, HandleKey::from_bytes([7; 32]), metrics.clone()));
         let rt = state.exports()[0].clone();

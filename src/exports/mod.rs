@@ -4,7 +4,7 @@
 mod parse;
 mod squash;
 
-pub use parse::{parse_anon_id, parse_exports, parse_exports_with, ExportsError};
+pub use parse::{parse_anon_id, parse_client_spec, parse_exports, parse_exports_with, ExportsError};
 pub use squash::squash;
 
 use parking_lot::{Condvar, Mutex};
@@ -47,8 +47,8 @@ pub enum ClientSpec {
     Network(IpAddr, u8),
     /// A host name, with the addresses it resolved to when the exports were loaded.
     Host(String, Vec<IpAddr>),
-    /// A pattern with `*`, `?` and `[...]`. One with no letters (`192.168.1.*`) is matched
-    /// against the client's address as text, the way nfs-utils matches a client without
+    /// A pattern with `*`, `?` and `[...]`. One written for addresses (`192.168.1.*`,
+    /// `fd00::*`: [`is_address_pattern`]) is matched against the client's address as text, the way nfs-utils matches a client without
     /// a name; any other against the client's forward-confirmed reverse name. A name never
     /// matches an address pattern: a client's own DNS zone could hold `10.1.x.evil.example`.
     Wildcard(String),
@@ -97,10 +97,12 @@ fn ip_in_network(ip: IpAddr, net: IpAddr, prefix: u8) -> bool {
     }
 }
 
-/// Whether a wildcard is written for addresses (`192.168.1.*`, `10.0.[0-3].*`): no
-/// letters, which every host name has in its top-level domain.
+/// Whether a wildcard is written for addresses: IPv4 ones have no letters, which every
+/// host name has in its top-level domain (`192.168.1.*`, `10.0.[0-3].*`); IPv6 ones a
+/// `:`, which no host name has (`fd00::*`, matched against the address as printed, in
+/// its shortest form).
 pub fn is_address_pattern(pattern: &str) -> bool {
-    !pattern.bytes().any(|b| b.is_ascii_alphabetic())
+    pattern.contains(':') || !pattern.bytes().any(|b| b.is_ascii_alphabetic())
 }
 
 /// Shell-style match of a client name, ignoring ASCII case, as nfs-utils matches exports(5)
@@ -729,7 +731,10 @@ mod tests {
         assert!(mixed.options_with_name("10.1.2.3".parse().unwrap(), named).unwrap().unwrap().read_only, "the name rule comes first");
         assert!(!mixed.options_with_name("10.1.2.3".parse().unwrap(), |_| Ok(None)).unwrap().unwrap().read_only);
         assert!(mixed.options_with_name("10.2.0.1".parse().unwrap(), |_| Ok(None)).unwrap().is_none());
-        assert!(is_address_pattern("10.0.[0-3].*") && is_address_pattern("2001:470::*") && !is_address_pattern("node[0-9].lab"));
+        assert!(is_address_pattern("10.0.[0-3].*") && is_address_pattern("fd00::*") && !is_address_pattern("node[0-9].lab"));
+        let v6 = Export { rules: vec![rule(ClientSpec::Wildcard("fd00::*".into()), false)], ..e.clone() };
+        assert!(v6.options_with_name("fd00::17".parse().unwrap(), no_name).unwrap().is_some(), "IPv6 patterns are addresses too");
+        assert!(v6.options_with_name("fd01::17".parse().unwrap(), no_name).unwrap().is_none());
     }
 
     #[test]

@@ -243,6 +243,12 @@ struct PerExport {
     mountpoint: Option<Option<String>>,
 }
 
+/// One client as exports(5) writes it (address, network, host name, wildcard or `*`),
+/// host names resolved with the system resolver.
+pub fn parse_client_spec(s: &str) -> Result<ClientSpec, String> {
+    parse_client(s, &resolve_host)
+}
+
 fn parse_client(s: &str, resolve: &dyn Fn(&str) -> Vec<IpAddr>) -> Result<ClientSpec, String> {
     if s.is_empty() || s == "*" {
         return Ok(ClientSpec::Anyone);

@@ -162,7 +162,11 @@ impl Mount3 {
                     break;
                 }
                 Err(VfsError::Jukebox) => return Err(Refusal::TryLater),
-                Err(_) => refusal = Refusal::Status(MountStatus::Access),
+                // Not admitted by this export: one above it may admit the client.
+                Err(VfsError::Access) => refusal = Refusal::Status(MountStatus::Access),
+                // Admitted but refused (`secure`, an unprivileged port): as mountd, no other
+                // export is tried.
+                Err(_) => return Err(MountStatus::Access.into()),
             }
         }
         let (rt, rest, options) = admitted.ok_or(refusal)?;

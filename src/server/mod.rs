@@ -237,8 +237,10 @@ fn open_export(export: Export, limits: &Limits, changes: &ChangeCount) -> anyhow
     })
     .map_err(|e| UsageError(format!("{e:#}")))?;
     tracing::info!(path = %export.path.display(), id = export.id, sync, "exporting");
-    let path = export.path.clone();
-    Ok(ExportRuntime::new(export, vfs).map_err(|e| UsageError(format!("export {}: {e}", path.display())))?)
+    // The directory the storage opened, not a second look at the path, which a mount
+    // made meanwhile could already lead elsewhere.
+    let root = vfs.root_identity();
+    Ok(ExportRuntime { export, vfs, root })
 }
 
 /// Applies a new export table to a running server, as `exportfs -r` does for knfsd: new

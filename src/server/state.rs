@@ -22,14 +22,6 @@ pub struct ExportRuntime {
     pub root: (u64, u64),
 }
 
-impl ExportRuntime {
-    /// An export served by `vfs`, opened on the directory `export.path` leads to now.
-    pub fn new(export: Export, vfs: Arc<dyn Vfs>) -> std::io::Result<Self> {
-        let root = dir_identity(&export.path)?;
-        Ok(Self { export, vfs, root })
-    }
-}
-
 /// Device and inode of a directory: which directory a path leads to now.
 pub fn dir_identity(path: &std::path::Path) -> std::io::Result<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;

@@ -183,6 +183,13 @@ def test_a_client_mounts_a_nested_export_it_is_not_in_through_the_export_above(t
     only_deep = write_exports(tmp_path, [f"{srv} 127.0.0.2(ro,insecure)", f"{data} 127.0.0.2(rw,insecure)"])
     with Nasd(exports_file=only_deep) as n, Nfs3Client(n.host, n.port, cred=ROOT) as c:
         assert c.mnt(str(data)).status == rpc.MNT3ERR_ACCES, "admitted by neither"
+    # Admitted by the deeper export but from an unprivileged port it requires (`secure`):
+    # refused there, as mountd does, not served through the export above.
+    secure_deep = write_exports(tmp_path, [f"{srv} 127.0.0.1(ro,insecure)", f"{data} 127.0.0.1(rw,secure)"])
+    with Nasd(exports_file=secure_deep) as n, Nfs3Client(n.host, n.port, cred=ROOT) as c:
+        assert c.local_addr[1] >= 1024
+        assert c.mnt(str(data)).status == rpc.MNT3ERR_ACCES
+        assert c.mnt(str(srv)).status == rpc.MNT3_OK
 
 
 # ------------------------------------------------------------ portmap

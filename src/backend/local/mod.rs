@@ -376,6 +376,11 @@ impl LocalFs {
         Ok(fs)
     }
 
+    /// Device and inode of the export's directory as opened.
+    pub fn root_identity(&self) -> (u64, u64) {
+        (self.root_dev, self.root_ino)
+    }
+
     fn modifying(&self) -> Modifying<'_> {
         Modifying(&self.changes)
     }
