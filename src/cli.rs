@@ -193,16 +193,15 @@ fn single_dir_exports(dir: &std::path::Path, args: &ServeArgs) -> anyhow::Result
     let specs = if args.allow.is_empty() { vec!["*".to_string()] } else { args.allow.clone() };
     let mut rules = Vec::new();
     for spec in specs {
-        // One client per flag, without options: the flags give those. An empty value (an
-        // unset shell variable) would be a line with no client, which exports(5) opens to
-        // everyone.
+        // One client per flag, without options: the flags give those. exports(5) reads an
+        // empty client as everyone, which an unset shell variable must not become.
         if spec.trim().is_empty() || spec.contains(char::is_whitespace) || spec.contains('(') || spec.starts_with('-') {
             return Err(usage(format!(
                 "--allow {spec:?}: give one client (an address, network, host name or wildcard) per --allow, without options; the options are flags (--ro, --no-root-squash, ...)"
             )));
         }
-        // The exports(5) client syntax, one client alone: read as a line of a file, a `#`
-        // or quotes could leave the line with no client, which is everyone.
+        // Parsed alone, not as a line of a file, where a `#` or quotes could leave the line
+        // with no client.
         let spec = parse_client_spec(&spec).map_err(|e| usage(format!("--allow {spec}: {e}")))?;
         rules.push(ClientRule { spec, options: options.clone() });
     }
@@ -330,6 +329,7 @@ mod tests {
         assert!(is("/") && is("/srv/my data") && is("/srv/plain") && is("/srv/a\ttab\\back"));
         assert!(!is("/srv") && !is("/srv/plain/sub") && !is("/srv/my\\040data"));
     }
+
     fn serve_args(extra: &[&str]) -> ServeArgs {
         let dir = std::env::temp_dir();
         let mut argv = vec!["nasd", "serve", dir.to_str().expect("utf-8")];

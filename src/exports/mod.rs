@@ -48,9 +48,10 @@ pub enum ClientSpec {
     /// A host name, with the addresses it resolved to when the exports were loaded.
     Host(String, Vec<IpAddr>),
     /// A pattern with `*`, `?` and `[...]`. One written for addresses (`192.168.1.*`,
-    /// `fd00::*`: [`is_address_pattern`]) is matched against the client's address as text, the way nfs-utils matches a client without
-    /// a name; any other against the client's forward-confirmed reverse name. A name never
-    /// matches an address pattern: a client's own DNS zone could hold `10.1.x.evil.example`.
+    /// `fd00::*`: [`is_address_pattern`]) is matched against the client's address as
+    /// text, the way nfs-utils matches a client without a name; any other against the
+    /// client's forward-confirmed reverse name. A name never matches an address pattern:
+    /// a client's own DNS zone could hold `10.1.x.evil.example`.
     Wildcard(String),
 }
 
@@ -420,15 +421,16 @@ impl Export {
         if best.is_some_and(|(b, _)| b >= WILDCARD_RANK) {
             return Ok(best.map(|(_, o)| o));
         }
-        // The first wildcard on the line that matches wins; the name is asked for only
-        // when a name pattern is reached before any match.
-        let address = client.to_string();
+        // The first wildcard on the line that matches wins. The address text and the name
+        // are made only when a pattern needs them: most exports have no wildcard, and this
+        // runs on every call.
+        let mut address: Option<String> = None;
         let mut name = Some(name);
         let mut known_name: Option<String> = None;
         for rule in &self.rules {
             let ClientSpec::Wildcard(pattern) = &rule.spec else { continue };
             let text = if is_address_pattern(pattern) {
-                &address
+                address.get_or_insert_with(|| client.to_string())
             } else {
                 if let Some(ask) = name.take() {
                     known_name = ask(client)?;
@@ -458,17 +460,12 @@ impl ExportTable {
         self.exports.iter().find(|e| e.id == id)
     }
 
-    /// Finds the export a MOUNT path names, and the path below the export root. With a
-    /// single export, `/` (or an empty path) is its root and other paths outside its own
-    /// absolute path are taken relative to it, so `host:/` and `host:/sub` both work.
-    pub fn for_mount_path(&self, path: &str) -> Option<(&Export, PathBuf)> {
-        self.mount_candidates(path).into_iter().next()
-    }
-
     /// Every export a MOUNT path is in, the deepest first, with the path below each
     /// one's root: a client that the deepest does not admit may mount the directory
     /// through an export above it that does, as with mountd (`/srv` for A and `/srv/data`
-    /// for B: A mounts `/srv/data` through `/srv`).
+    /// for B: A mounts `/srv/data` through `/srv`). With a single export, `/` (or an
+    /// empty path) is its root and other paths outside its own absolute path are taken
+    /// relative to it, so `host:/` and `host:/sub` both work.
     pub fn mount_candidates(&self, path: &str) -> Vec<(&Export, PathBuf)> {
         let p = std::path::Path::new(path);
         let mut found: Vec<(&Export, usize, PathBuf)> = self
@@ -780,15 +777,15 @@ mod tests {
                 Export { id: 2, path: "/srv/data".into(), ..Default::default() },
             ],
         };
-        assert_eq!(t.for_mount_path("/srv/data/x").unwrap().0.id, 2);
-        assert_eq!(t.for_mount_path("/srv/other").unwrap().1, PathBuf::from("other"));
-        assert!(t.for_mount_path("/").is_none());
-        assert!(t.for_mount_path("/srvx").is_none());
+        assert_eq!(t.mount_candidates("/srv/data/x").into_iter().next().unwrap().0.id, 2);
+        assert_eq!(t.mount_candidates("/srv/other").into_iter().next().unwrap().1, PathBuf::from("other"));
+        assert!(t.mount_candidates("/").into_iter().next().is_none());
+        assert!(t.mount_candidates("/srvx").into_iter().next().is_none());
         let single = ExportTable { exports: vec![Export { id: 1, path: "/srv".into(), ..Default::default() }] };
-        assert_eq!(single.for_mount_path("/").unwrap().1, PathBuf::new());
-        assert_eq!(single.for_mount_path("").unwrap().1, PathBuf::new());
-        assert_eq!(single.for_mount_path("/srv/a").unwrap().1, PathBuf::from("a"));
-        assert_eq!(single.for_mount_path("/a/b").unwrap().1, PathBuf::from("a/b"));
+        assert_eq!(single.mount_candidates("/").into_iter().next().unwrap().1, PathBuf::new());
+        assert_eq!(single.mount_candidates("").into_iter().next().unwrap().1, PathBuf::new());
+        assert_eq!(single.mount_candidates("/srv/a").into_iter().next().unwrap().1, PathBuf::from("a"));
+        assert_eq!(single.mount_candidates("/a/b").into_iter().next().unwrap().1, PathBuf::from("a/b"));
         assert_eq!(canonical_ip("::ffff:1.2.3.4".parse().unwrap()), "1.2.3.4".parse::<IpAddr>().unwrap());
         // An export written through a symlink is found by either name.
         let linked = ExportTable {
@@ -797,9 +794,9 @@ mod tests {
                 Export { id: 2, path: "/srv".into(), ..Default::default() },
             ],
         };
-        assert_eq!(linked.for_mount_path("/export/home/u1").map(|(e, rest)| (e.id, rest)), Some((1, PathBuf::from("u1"))));
-        assert_eq!(linked.for_mount_path("/data/export/home").map(|(e, rest)| (e.id, rest)), Some((1, PathBuf::new())));
-        assert!(linked.for_mount_path("/export").is_none());
+        assert_eq!(linked.mount_candidates("/export/home/u1").into_iter().next().map(|(e, rest)| (e.id, rest)), Some((1, PathBuf::from("u1"))));
+        assert_eq!(linked.mount_candidates("/data/export/home").into_iter().next().map(|(e, rest)| (e.id, rest)), Some((1, PathBuf::new())));
+        assert!(linked.mount_candidates("/export").into_iter().next().is_none());
         let nested: Vec<_> = t.mount_candidates("/srv/data/x").into_iter().map(|(e, rest)| (e.id, rest)).collect();
         assert_eq!(nested, vec![(2, PathBuf::from("x")), (1, PathBuf::from("data/x"))], "the deepest first, then those above it");
     }
