@@ -243,6 +243,12 @@ fn open_export(export: Export, limits: &Limits, changes: &ChangeCount) -> anyhow
     Ok(ExportRuntime { export, vfs, root })
 }
 
+/// Device and inode of a directory: which directory a path leads to now.
+fn dir_identity(path: &std::path::Path) -> std::io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).map(|m| (m.dev(), m.ino()))
+}
+
 /// Applies a new export table to a running server, as `exportfs -r` does for knfsd: new
 /// client rules and options take effect with the next call, exports can be added and
 /// removed, and clients of an export that stays keep their mounts and file handles.
@@ -291,7 +297,7 @@ impl ExportReloader {
             // replaces the directory underneath, as `exportfs -r` would: kept, the old
             // storage would go on serving, and filling, the directory under the mount.
             let same = same.filter(|rt| {
-                let now = state::dir_identity(&export.path).ok();
+                let now = dir_identity(&export.path).ok();
                 if now != Some(rt.root) {
                     tracing::info!(export = %export.path.display(), "the export's path leads to another directory now (a file system mounted on it, or the directory replaced): opened afresh");
                 }

@@ -22,12 +22,6 @@ pub struct ExportRuntime {
     pub root: (u64, u64),
 }
 
-/// Device and inode of a directory: which directory a path leads to now.
-pub fn dir_identity(path: &std::path::Path) -> std::io::Result<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(path).map(|m| (m.dev(), m.ino()))
-}
-
 pub struct ServerState {
     exports: RwLock<ExportList>,
     pub handle_key: HandleKey,
