@@ -235,6 +235,39 @@ pub fn parse_anon_id(s: &str) -> Result<u32, String> {
     }
 }
 
+/// `fsid=`: `root`, a number as `strtoul(…, 0)` reads it (`0x` hex, a leading `0` octal,
+/// as nfs-utils does, so that two spellings of one fsid are one), or a UUID (32 hex
+/// digits, `-` or `:` between them allowed), as exportfs takes them.
+fn parse_fsid(value: &str) -> Result<u32, String> {
+    let number = if value == "root" {
+        Some(0)
+    } else if let Some(hex) = value.strip_prefix("0x").or_else(|| value.strip_prefix("0X")) {
+        u32::from_str_radix(hex, 16).ok()
+    } else if value.len() > 1 && value.starts_with('0') {
+        u32::from_str_radix(&value[1..], 8).ok()
+    } else {
+        value.parse::<u32>().ok()
+    };
+    if let Some(n) = number.filter(|_| value.chars().all(|c| c.is_ascii_alphanumeric())) {
+        return Ok(n);
+    }
+    let digits: String = value.chars().filter(|c| !matches!(c, '-' | ':')).collect();
+    if digits.len() == 32 && digits.chars().all(|c| c.is_ascii_hexdigit()) {
+        let uuid = u128::from_str_radix(&digits, 16).expect("32 hex digits");
+        return Ok(export_id_for_uuid(uuid));
+    }
+    Err(format!("fsid={value}: neither root, a number from 0 to 4294967295, nor a UUID (32 hex digits)"))
+}
+
+/// The id in file handles of an export named by a UUID. Handles carry 32 bits; ids
+/// derived from paths are odd, these even and never 0 (`root`), so the two kinds never
+/// meet, and a clash with a numeric `fsid=` is refused like any other.
+fn export_id_for_uuid(uuid: u128) -> u32 {
+    let h = blake3::hash(&uuid.to_be_bytes());
+    let id = u32::from_le_bytes(h.as_bytes()[..4].try_into().expect("4 bytes")) & !1;
+    if id == 0 { 2 } else { id }
+}
+
 /// Options that belong to the export rather than to one client.
 #[derive(Default)]
 struct PerExport {
@@ -318,10 +351,6 @@ fn apply_options(o: &mut ExportOptions, list: &str, export: &mut PerExport) -> R
             Some((k, v)) => (k, Some(v)),
             None => (opt, None),
         };
-        let num = |v: Option<&str>| -> Result<u32, String> {
-            let v = v.ok_or_else(|| format!("{key} needs a value"))?;
-            v.parse::<u32>().map_err(|_| format!("{key}={v}: not a number from 0 to 4294967295"))
-        };
         let anon_id = |v: Option<&str>| -> Result<u32, String> {
             parse_anon_id(v.ok_or_else(|| format!("{key} needs a value"))?).map_err(|e| format!("{key}={e}"))
         };
@@ -343,10 +372,7 @@ fn apply_options(o: &mut ExportOptions, list: &str, export: &mut PerExport) -> R
             "anongid" => o.anongid = anon_id(value)?,
             "secure" => o.secure = true,
             "insecure" => o.secure = false,
-            "fsid" => match value {
-                Some("root") | Some("0") => export.fsid = Some(0),
-                _ => export.fsid = Some(num(value)?),
-            },
+            "fsid" => export.fsid = Some(parse_fsid(value.ok_or("fsid needs a value")?)?),
             "mountpoint" | "mp" => match value {
                 Some(p) if !p.starts_with('/') => return Err(format!("{opt}: the path must be absolute")),
                 _ => export.mountpoint = Some(value.map(str::to_string)),
@@ -498,6 +524,28 @@ mod tests {
     fn fsid_sets_export_id() {
         let t = parse_exports("/a *(rw,fsid=42)", "ex").unwrap();
         assert_eq!(t.exports[0].id, 42);
+    }
+
+    #[test]
+    fn fsid_is_read_as_exportfs_reads_it() {
+        let id = |o: &str| parse_exports(&format!("/a *({o})"), "ex").map(|t| t.exports[0].id);
+        assert_eq!(id("fsid=root").unwrap(), 0);
+        assert_eq!(id("fsid=0").unwrap(), 0);
+        assert_eq!(id("fsid=4294967295").unwrap(), u32::MAX);
+        assert_eq!(id("fsid=0x1f").unwrap(), 31, "strtoul base 0: hex");
+        assert_eq!(id("fsid=010").unwrap(), 8, "strtoul base 0: octal");
+        let uuid = id("fsid=5a6f1c2e-93b1-4f0e-8d4c-0123456789ab").unwrap();
+        assert_eq!(id("fsid=5A6F1C2E93B14F0E8D4C0123456789AB").unwrap(), uuid, "case and dashes do not matter");
+        assert_eq!(id("fsid=5a6f1c2e:93b14f0e:8d4c0123:456789ab").unwrap(), uuid, "nor colons");
+        assert_ne!(id("fsid=5a6f1c2e-93b1-4f0e-8d4c-0123456789ac").unwrap(), uuid);
+        assert!(uuid != 0 && uuid % 2 == 0, "never root, never a path-derived (odd) id");
+        assert_eq!(export_id_for_uuid(0) % 2, 0);
+        for bad in ["fsid=", "fsid=-1", "fsid=4294967296", "fsid=08", "fsid=0x", "fsid=12ab", "fsid=5a6f1c2e-93b1-4f0e-8d4c-0123456789", "fsid=5a6f1c2e 93b1"] {
+            assert!(id(bad).is_err(), "{bad}");
+        }
+        assert!(id("fsid").is_err());
+        let e = parse_exports("/a *(fsid=5a6f1c2e-93b1-4f0e-8d4c-0123456789ab)\n/b *(fsid=5a6f1c2e93b14f0e8d4c0123456789ab)\n", "ex").unwrap_err();
+        assert!(e.message.contains("already used by /a"), "one UUID, two exports: {e}");
     }
 
     #[test]
