@@ -650,6 +650,7 @@ pub fn machine_facts(dir: &Path) -> Vec<(String, String)> {
         ("kernel".into(), read("/proc/sys/kernel/osrelease").trim().to_string()),
         ("OS".into(), os),
         ("file system of the data".into(), format!("{fs} on {dev}")),
+        ("nasd makes each namespace change durable with".into(), crate::backend::local::namespace_durability(dir)),
         ("nasd".into(), format!("{} (this build)", env!("CARGO_PKG_VERSION"))),
         ("libnfs".into(), if libnfs.is_empty() { "unknown".into() } else { libnfs }),
         (

@@ -151,6 +151,24 @@ impl FsSync {
     }
 }
 
+/// How a `sync` export on the file system holding `dir` makes each namespace change
+/// durable, in words (the bench reports it: it decides the metadata figures).
+pub fn namespace_durability(dir: &Path) -> String {
+    let (dir, st) = match std::fs::File::open(dir).map(|d| (sys::fstat(d.as_raw_fd()), d)) {
+        Ok((Ok(st), d)) => (d, st),
+        _ => return "unknown (the directory cannot be opened)".into(),
+    };
+    let fd = dir;
+    match sys::metadata_log(fd.as_raw_fd(), st.st_dev) {
+        sys::MetadataLog::Journal => "an fsync of the changed directory (a journal, log or copy-on-write commits it)".into(),
+        sys::MetadataLog::Unknown => "an fsync of the changed directory (whether the file system has a journal is unknown)".into(),
+        sys::MetadataLog::NoJournal => match sys::open_block_device(st.st_dev) {
+            Ok((_, device)) => format!("no journal: an fsync of {device} (all metadata)"),
+            Err(_) => "no journal, device not openable: syncfs and an fsync (all dirty data and metadata)".into(),
+        },
+    }
+}
+
 /// Where the sync groups a change will wait on stood just before it was made (see
 /// [`SyncTicket`]): the file system's, where there is one, and the object's own.
 #[derive(Debug, Clone, Copy)]
@@ -1417,6 +1435,15 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let fs = LocalFs::open(&LocalConfig { path: dir.path().to_path_buf(), fsid: 1, sync: false, cache_capacity: 64, cache_idle: None, changes: ChangeCount::default() }).expect("open export");
         (dir, fs)
+    }
+
+    #[test]
+    fn namespace_durability_says_what_a_sync_export_there_does() {
+        let shm = tempfile::tempdir_in("/dev/shm").expect("tmpfs directory");
+        let said = namespace_durability(shm.path());
+        assert!(said.starts_with("an fsync of the changed directory"), "tmpfs: {said}");
+        let gone = shm.path().join("missing");
+        assert!(namespace_durability(&gone).starts_with("unknown"));
     }
 
     /// Lists `dir` the way a client does, `per_call` entries per reply, continuing at the
