@@ -939,7 +939,11 @@ impl Vfs for LocalFs {
         let count = if offset >= attr.size {
             0
         } else {
-            match sys::pread_append(&fd, out, wanted, offset, nowait) {
+            // Clients ask for their whole rsize (1 MiB) whatever the file's size: the
+            // buffer is sized by what the file holds. Bytes appended since the size was
+            // taken are left for the next READ, as if it had come a moment earlier.
+            let holds = usize::try_from(attr.size - offset).unwrap_or(usize::MAX);
+            match sys::pread_append(&fd, out, wanted.min(holds), offset, nowait) {
                 Err(VfsError::NotSupp) if nowait => {
                     tracing::info!(export_id = self.fsid, "the file system cannot read without waiting (no RWF_NOWAIT): reads go to the blocking pool");
                     self.no_nowait_reads.store(true, Ordering::Relaxed);
@@ -1435,6 +1439,20 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let fs = LocalFs::open(&LocalConfig { path: dir.path().to_path_buf(), fsid: 1, sync: false, cache_capacity: 64, cache_idle: None, changes: ChangeCount::default() }).expect("open export");
         (dir, fs)
+    }
+
+    #[test]
+    fn a_read_of_a_small_file_takes_a_buffer_its_size_not_the_count_asked() {
+        let (dir, fs) = export();
+        std::fs::write(dir.path().join("small"), b"0123456789").expect("write");
+        let (id, _) = fs.lookup(&Cred::root(), &fs.root(), b"small").expect("lookup");
+        let mut out = Vec::new();
+        let r = fs.read(&Cred::root(), &id, 4, 1 << 20, &mut out, Blocking::Allowed).expect("read");
+        assert_eq!((out.as_slice(), r.count, r.eof), (&b"456789"[..], 6, true));
+        assert!(out.capacity() < 4096, "1 MiB asked of a 10-byte file reserved {} bytes", out.capacity());
+        let mut past_end = Vec::new();
+        let r = fs.read(&Cred::root(), &id, 10, 1 << 20, &mut past_end, Blocking::Allowed).expect("read at the end");
+        assert_eq!((r.count, r.eof, past_end.capacity()), (0, true, 0));
     }
 
     #[test]
