@@ -1,6 +1,6 @@
-//! Command line: `nasd serve`.
+//! Command line: `nasd serve`, `nasd exports`, `nasd bench`.
 
-use crate::exports::{parse_client_spec, parse_exports, ClientRule, Export, ExportOptions, ExportTable};
+use crate::exports::{parse_client_spec, parse_exports, ClientRule, Export, ExportOptions, ExportTable, LeftOut};
 use crate::server::{Config, Server, UsageError};
 use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
@@ -24,6 +24,20 @@ enum Command {
     /// Benchmark nasd against peers (NFS-Ganesha, nfs:// URLs) and the local disk with fio;
     /// writes report.md, report.html, PNG plots and the raw fio JSON to --out.
     Bench(crate::bench::BenchArgs),
+    /// Check an exports(5) file: print every export as nasd would serve it, each client
+    /// rule with all its options spelled out, and what is left out and why; with --client,
+    /// what that client gets from each export. Exits 2 if the file has an error.
+    Exports(ExportsArgs),
+}
+
+#[derive(Args, Debug)]
+struct ExportsArgs {
+    /// The exports(5) file.
+    file: PathBuf,
+    /// Also show what this client address gets from each export and by which rule
+    /// (repeatable; wildcard rules use its name from the resolver, as when serving).
+    #[arg(long, value_name = "ADDR")]
+    client: Vec<std::net::IpAddr>,
 }
 
 #[derive(Args, Debug)]
@@ -110,7 +124,18 @@ pub fn main() -> ExitCode {
     match cli.command {
         Command::Serve(args) => exit_with(serve(args)),
         Command::Bench(args) => exit_with(crate::bench::run(args)),
+        Command::Exports(args) => exit_with(check_exports(&args)),
     }
+}
+
+fn check_exports(args: &ExportsArgs) -> anyhow::Result<()> {
+    init_logging("warn");
+    let (table, left_out) = read_exports_file(&args.file)?;
+    print!("{}", crate::exports::describe(&table, &left_out));
+    for &client in &args.client {
+        print!("\n{}", crate::exports::describe_client(&table, client, crate::exports::confirmed_client_name));
+    }
+    Ok(())
 }
 
 fn exit_with(r: anyhow::Result<()>) -> ExitCode {
@@ -206,7 +231,7 @@ fn single_dir_exports(dir: &std::path::Path, args: &ServeArgs) -> anyhow::Result
         rules.push(ClientRule { spec, options: options.clone() });
     }
     let id = crate::exports::export_id_for_path(&path);
-    Ok(ExportTable { exports: vec![Export { id, path, rules, needs_mount: None, written_path: None }] })
+    Ok(ExportTable { exports: vec![Export { id, path, rules, needs_mount: None, written_paths: Vec::new() }] })
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
@@ -214,7 +239,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let config = build_config(&args)?;
     let table = match (&args.dir, &config.exports) {
         (Some(dir), _) => single_dir_exports(dir, &args)?,
-        (None, Some(file)) => read_exports_file(file)?,
+        (None, Some(file)) => load_exports_file(file)?,
         (None, None) => return Err(usage("nothing to serve: give a directory or --exports FILE (see nasd serve --help)")),
     };
     // New files get exactly the mode the client asked for.
@@ -235,14 +260,16 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     })
 }
 
-/// Reads and checks an exports(5) file; export paths come back canonical.
-fn read_exports_file(file: &std::path::Path) -> anyhow::Result<ExportTable> {
+/// Reads and checks an exports(5) file; export paths come back canonical, with the
+/// exports left out and why.
+fn read_exports_file(file: &std::path::Path) -> anyhow::Result<(ExportTable, Vec<LeftOut>)> {
     let text = std::fs::read_to_string(file).map_err(|e| usage(format!("{}: {e}", file.display())))?;
     let mut table = parse_exports(&text, &file.display().to_string()).map_err(|e| usage(e.to_string()))?;
     // As exportfs: an export whose `mountpoint` is not mounted, or whose directory is
     // missing, is left out and the others are served (a reload that refused the whole file
     // would keep serving the old rules).
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut left_out = Vec::new();
     table.exports.retain_mut(|e| {
         let resolved = match &e.needs_mount {
             // Checked first: below an unmounted mount point the path may not exist at all.
@@ -254,16 +281,26 @@ fn read_exports_file(file: &std::path::Path) -> anyhow::Result<ExportTable> {
         match resolved {
             Ok(path) => {
                 if path != e.path {
-                    e.written_path = Some(std::mem::replace(&mut e.path, path));
+                    e.written_paths = vec![std::mem::replace(&mut e.path, path)];
                 }
                 true
             }
             Err(why) => {
-                tracing::error!(file = %file.display(), export = %e.path.display(), "not exported: {why}");
+                left_out.push(LeftOut { path: e.path.clone(), why });
                 false
             }
         }
     });
+    crate::exports::merge_same_directories(&mut table).map_err(|e| usage(format!("{}: {e}", file.display())))?;
+    Ok((table, left_out))
+}
+
+/// [`read_exports_file`] for serving: what is left out is logged.
+fn load_exports_file(file: &std::path::Path) -> anyhow::Result<ExportTable> {
+    let (table, left_out) = read_exports_file(file)?;
+    for l in left_out {
+        tracing::error!(file = %file.display(), export = %l.path.display(), "not exported: {}", l.why);
+    }
     Ok(table)
 }
 
@@ -289,7 +326,7 @@ async fn reload_exports_on_hangup(reloader: crate::server::ExportReloader, file:
     while hangup.recv().await.is_some() {
         let (reloader, file) = (reloader.clone(), file.clone());
         // Reading the file and opening new exports touch the disk.
-        let outcome = tokio::task::spawn_blocking(move || reloader.reload(|| read_exports_file(&file))).await;
+        let outcome = tokio::task::spawn_blocking(move || reloader.reload(|| load_exports_file(&file))).await;
         match outcome {
             Ok(Ok(s)) => tracing::info!(kept = s.kept, added = s.added, removed = s.removed, "exports reloaded"),
             Ok(Err(e)) => tracing::error!("exports not reloaded, the previous ones are still served: {e:#}"),

@@ -2,9 +2,11 @@
 //! (exports(5)), and how credentials are squashed.
 
 mod parse;
+mod show;
 mod squash;
 
-pub use parse::{parse_anon_id, parse_client_spec, parse_exports, parse_exports_with, ExportsError};
+pub use parse::{merge_same_directories, parse_anon_id, parse_client_spec, parse_exports, parse_exports_with, ExportsError};
+pub use show::{describe, describe_client, LeftOut};
 pub use squash::squash;
 
 use parking_lot::{Condvar, Mutex};
@@ -71,10 +73,10 @@ pub struct Export {
     /// option has no value) is a mount point, so that a file system that failed to mount
     /// does not expose, and fill, the directory underneath.
     pub needs_mount: Option<PathBuf>,
-    /// The path as the exports file wrote it, where that differs from `path` (the
-    /// canonical one: a symlink on the way, say). Clients may mount it by that name too,
+    /// The paths as the exports file wrote them, where they differ from `path` (the
+    /// canonical one: a symlink on the way, say). Clients may mount it by those names too,
     /// as mountd resolves the path a client asks for.
-    pub written_path: Option<PathBuf>,
+    pub written_paths: Vec<PathBuf>,
 }
 
 pub fn export_id_for_path(path: &std::path::Path) -> u32 {
@@ -215,6 +217,11 @@ fn confirmed_name(
         tracing::warn!(%client, %name, "the client's reverse name does not resolve back to it; wildcard rules do not match it");
         None
     }
+}
+
+/// A client's name as wildcard rules see it (no cache: for a one-off question).
+pub fn confirmed_client_name(client: IpAddr) -> Option<String> {
+    confirmed_name(client, reverse_name, forward_addresses)
 }
 
 /// How long a client's confirmed name (or its lack of one) is reused. Rules are checked
@@ -471,7 +478,7 @@ impl ExportTable {
         let mut found: Vec<(&Export, usize, PathBuf)> = self
             .exports
             .iter()
-            .flat_map(|e| std::iter::once(&e.path).chain(&e.written_path).map(move |name| (e, name)))
+            .flat_map(|e| std::iter::once(&e.path).chain(&e.written_paths).map(move |name| (e, name)))
             .filter_map(|(e, name)| p.strip_prefix(name).ok().map(|rest| (e, name.components().count(), rest.to_path_buf())))
             .collect();
         found.sort_by_key(|(_, depth, _)| std::cmp::Reverse(*depth));
@@ -646,7 +653,7 @@ mod tests {
                 rule(ClientSpec::Address("10.1.2.3".parse().unwrap()), false),
             ],
             needs_mount: None,
-            written_path: None,
+            written_paths: Vec::new(),
         };
         let ro = |ip: &str| e.options_for(ip.parse().unwrap(), false).expect("no wildcard rule").unwrap().read_only;
         assert!(ro("192.168.1.1"), "only * matches");
@@ -681,7 +688,7 @@ mod tests {
                 rule(ClientSpec::Address("10.5.5.5".parse().unwrap()), true),
             ],
             needs_mount: None,
-            written_path: None,
+            written_paths: Vec::new(),
         };
         assert!(!e.options_with_name(client, named("a.trusted.lab")).unwrap().unwrap().read_only);
         assert!(e.options_with_name(client, named("a.other.lab")).unwrap().unwrap().read_only);
@@ -711,7 +718,7 @@ mod tests {
             path: "/srv".into(),
             rules: vec![rule(ClientSpec::Wildcard("192.168.1.*".into()), false), rule(ClientSpec::Anyone, true)],
             needs_mount: None,
-            written_path: None,
+            written_paths: Vec::new(),
         };
         let no_name = |_| -> Result<Option<String>, NameNotResolved> { panic!("an address pattern needs no name") };
         assert!(!e.options_with_name("192.168.1.77".parse().unwrap(), no_name).unwrap().unwrap().read_only);
@@ -790,7 +797,7 @@ mod tests {
         // An export written through a symlink is found by either name.
         let linked = ExportTable {
             exports: vec![
-                Export { id: 1, path: "/data/export/home".into(), written_path: Some("/export/home".into()), ..Default::default() },
+                Export { id: 1, path: "/data/export/home".into(), written_paths: vec!["/export/home".into()], ..Default::default() },
                 Export { id: 2, path: "/srv".into(), ..Default::default() },
             ],
         };

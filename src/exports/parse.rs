@@ -105,6 +105,34 @@ fn merge_line(into: &mut Export, into_fsid: &mut Option<u32>, line: Export, fsid
     Ok(())
 }
 
+/// Exports whose paths turned out to name one directory (a symlink on the way) are one
+/// export, as lines naming one path are: clients in file order, and they must agree on
+/// `fsid` and `mountpoint`. Run once the paths are canonical; each export's first written
+/// name is the one its id, where no `fsid=` gave it, was derived from.
+pub fn merge_same_directories(table: &mut ExportTable) -> Result<(), String> {
+    let mut merged: Vec<(Export, Option<u32>)> = Vec::new();
+    for e in std::mem::take(&mut table.exports) {
+        let written = e.written_paths.first().unwrap_or(&e.path).clone();
+        let fsid = (e.id != export_id_for_path(&written)).then_some(e.id);
+        match merged.iter_mut().find(|(m, _)| m.path == e.path) {
+            Some((into, into_fsid)) => {
+                let first = into.written_paths.first().unwrap_or(&into.path).display().to_string();
+                let names = e.written_paths.clone();
+                merge_line(into, into_fsid, e, fsid)
+                    .map_err(|why| format!("{first} and {} are one directory, so one export: {why}", written.display()))?;
+                for name in names {
+                    if !into.written_paths.contains(&name) {
+                        into.written_paths.push(name);
+                    }
+                }
+            }
+            None => merged.push((e, fsid)),
+        }
+    }
+    table.exports = merged.into_iter().map(|(e, _)| e).collect();
+    Ok(())
+}
+
 fn strip_comment(line: &str) -> &str {
     let mut in_quotes = false;
     for (i, c) in line.char_indices() {
@@ -221,7 +249,7 @@ fn parse_line(line: &str, resolve: &dyn Fn(&str) -> Vec<IpAddr>) -> Result<(Expo
     let path: PathBuf = PathBuf::from(path).components().collect();
     let needs_mount = export_opts.mountpoint.map(|m| m.map_or_else(|| path.clone(), PathBuf::from));
     let id = export_opts.fsid.unwrap_or_else(|| export_id_for_path(&path));
-    Ok((Export { id, path, rules, needs_mount, written_path: None }, export_opts.fsid))
+    Ok((Export { id, path, rules, needs_mount, written_paths: Vec::new() }, export_opts.fsid))
 }
 
 /// An anonymous uid or gid (`anonuid=`, `--anonuid`): 4294967295, or -1, names no one,
@@ -407,6 +435,7 @@ fn apply_options(o: &mut ExportOptions, list: &str, export: &mut PerExport) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn parses_typical_file() {
@@ -565,6 +594,39 @@ mod tests {
         // the same client again: kept in order, so the earlier rule is the one that matches
         let t = parse_exports("/a *(rw)\n/a *(ro)\n", "ex").unwrap();
         assert!(!t.exports[0].rules[0].options.read_only);
+    }
+
+    #[test]
+    fn exports_that_name_one_directory_are_one_export() {
+        // As the reader leaves them once paths are canonical: /x/l1 and /x/l2 lead to /x/real.
+        let canonical = |text: &str| {
+            let mut t = parse_exports(text, "ex").unwrap();
+            for e in &mut t.exports {
+                if e.path != Path::new("/x/real") && e.path.starts_with("/x") {
+                    e.written_paths = vec![std::mem::replace(&mut e.path, "/x/real".into())];
+                }
+            }
+            t
+        };
+        let mut t = canonical("/x/l1 *(rw)\n/y 10.0.0.1(rw)\n/x/real 10.0.0.0/8(ro)\n/x/l2 10.0.0.0/8(rw) 10.0.0.2(rw)\n");
+        merge_same_directories(&mut t).unwrap();
+        assert_eq!(t.exports.len(), 2);
+        let x = &t.exports[0];
+        assert_eq!(x.id, export_id_for_path(Path::new("/x/l1")), "the id the first name gave it");
+        let specs: Vec<String> = x.rules.iter().map(|r| r.spec.to_string()).collect();
+        assert_eq!(specs, ["*", "10.0.0.0/8", "10.0.0.0/8", "10.0.0.2"], "clients in file order");
+        assert!(x.rules[1].options.read_only, "the earlier rule for a client is the one that applies");
+        assert_eq!(x.written_paths, [PathBuf::from("/x/l1"), PathBuf::from("/x/l2")]);
+        assert_eq!(t.exports[1].path, PathBuf::from("/y"));
+        // an fsid on any of them is the export's; two different ones cannot both be
+        let mut t = canonical("/x/l1 *(rw)\n/x/real 10.0.0.0/8(ro,fsid=5)\n");
+        merge_same_directories(&mut t).unwrap();
+        assert_eq!(t.exports[0].id, 5);
+        let mut t = canonical("/x/l1 *(rw,fsid=4)\n/x/real 10.0.0.0/8(ro,fsid=5)\n");
+        let e = merge_same_directories(&mut t).unwrap_err();
+        assert!(e.contains("/x/l1 and /x/real are one directory") && e.contains("fsid 5"), "{e}");
+        let mut t = canonical("/x/l1 *(mp=/x)\n/x/l2 *(mp=/y)\n");
+        assert!(merge_same_directories(&mut t).is_err());
     }
 
     #[test]
