@@ -84,7 +84,13 @@ impl SyncGroup {
             st.started += 1;
             let number = st.started;
             let kind = if std::mem::take(&mut st.next_full) { SyncKind::Full } else { SyncKind::Data };
-            let result = parking_lot::MutexGuard::unlocked(&mut st, || run(kind));
+            // A panic in `run` is this sync's failure: left `running`, the group would
+            // hold every later caller of this file (or file system) forever.
+            let outcome = parking_lot::MutexGuard::unlocked(&mut st, || std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(kind))));
+            let (result, panicked) = match outcome {
+                Ok(result) => (result, None),
+                Err(panic) => (Err(VfsError::Io), Some(panic)),
+            };
             st.running = false;
             st.finished = number;
             self.last_finished.store(number, Ordering::Release);
@@ -92,6 +98,10 @@ impl SyncGroup {
                 st.failed = Some((number, e));
             }
             self.finished.notify_all();
+            if let Some(panic) = panicked {
+                drop(st);
+                std::panic::resume_unwind(panic);
+            }
         }
         match st.failed {
             Some((failed, e)) if failed > since.0 => Err(e),
@@ -106,6 +116,26 @@ mod tests {
     use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
     use std::sync::{Arc, Barrier};
     use std::time::Duration;
+
+    #[test]
+    fn a_sync_that_panics_fails_its_callers_and_leaves_the_group_usable() {
+        let group = Arc::new(SyncGroup::default());
+        let since = group.ticket();
+        let g = group.clone();
+        let panicked = std::thread::spawn(move || g.sync(SyncKind::Full, since, |_| panic!("a sync panics"))).join();
+        assert!(panicked.is_err(), "the panic reaches its caller");
+        // a change made before the failed sync hears of it; a later one is synced anew
+        let (tx, rx) = std::sync::mpsc::channel();
+        let g = group.clone();
+        std::thread::spawn(move || {
+            let before = g.sync(SyncKind::Data, since, |_| Ok(()));
+            let after = g.sync(SyncKind::Data, g.ticket(), |_| Ok(()));
+            let _ = tx.send((before, after));
+        });
+        let (before, after) = rx.recv_timeout(Duration::from_secs(10)).expect("the group still syncs after a panic");
+        assert_eq!(before, Err(VfsError::Io));
+        assert_eq!(after, Ok(()));
+    }
 
     #[test]
     fn a_sync_started_before_the_call_does_not_count() {
