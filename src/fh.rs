@@ -85,9 +85,19 @@ impl HandleKey {
                 f.write_all(&key)?;
                 f.sync_all()?;
                 std::fs::rename(&tmp, &path)?;
-                if let Ok(d) = std::fs::File::open(dir) {
-                    let _ = d.sync_all();
-                }
+                // The key's name must be durable before any handle made with it leaves
+                // the server: a key lost in a power cut would be made anew at the next
+                // start, and every client's handles would be stale. `syncfs` covers a
+                // file system without a journal, where the directory's `fsync` does not.
+                let synced = std::fs::File::open(dir).and_then(|d| {
+                    d.sync_all()?;
+                    // SAFETY: plain syscall on an open descriptor.
+                    if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&d)) } < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    d.sync_all()
+                });
+                synced.with_context(|| format!("making {} durable", path.display()))?;
                 Ok(Self { key })
             }
             Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),

@@ -51,8 +51,8 @@ from crashlib import BLOCK, BLOCKS_PER_FILE, Model, Writer, block_bytes, check  
 from rig import vm  # noqa: E402
 from rig.nasd import default_binary  # noqa: E402
 from rig.netns import Netns  # noqa: E402
-from rig.rpc import (FILE_SYNC, NFS3_OK, Nfs3Client, RpcError,  # noqa: E402
-                     auth_sys)
+from rig.rpc import (FILE_SYNC, NFS3_OK, NFSPROC3_CREATE, Nfs3Client, RpcError,  # noqa: E402
+                     auth_sys, nfs3_args)
 
 TRIALS = int(os.environ.get("NASD_POWER_TRIALS", "3"))
 SEED = int(os.environ.get("NASD_POWER_SEED", "20261123"))
@@ -377,6 +377,51 @@ def test_power_cut_trials_lose_nothing_acknowledged(guest_image, netns, workdir,
     assert all(len(v) == 1 for v in per_boot), "write verifier changed within one boot"
     distinct = {next(iter(v)) for v in per_boot}
     assert len(distinct) == len(per_boot), "write verifier repeated after a power cut"
+
+
+def image_attrs(img: Path, path: str) -> dict[str, tuple[int, int, int]]:
+    """(mode, uid, gid) of each entry of directory ``path`` in the image."""
+    out = _debugfs(img, f"ls -p {path}").stdout.decode(errors="surrogateescape")
+    attrs = {}
+    for line in out.splitlines():
+        parts = line.strip().split("/")     # /inode/mode/uid/gid/name/size/
+        if len(parts) >= 8 and parts[1].isdigit() and parts[1] != "0":
+            attrs["/".join(parts[5:-2])] = (int(parts[2], 8), int(parts[3]), int(parts[4]))
+    return attrs
+
+
+@pytest.mark.parametrize("journal", [True, False], ids=["journal", "no-journal"])
+def test_power_cut_keeps_acknowledged_attribute_changes_of_every_kind(guest_image, netns, workdir,
+                                                                      journal):
+    """SETATTR of a symlink or a FIFO, which give no descriptor to fsync, and the owner
+    a root client gives a file as it creates it, are on disk once acknowledged. The
+    objects are made, then left for the journal's 5 s commit, so the changes start a
+    transaction of their own; the power is cut a second after the replies. The SETATTRs
+    come last, so that no later sync commits them on their behalf."""
+    img = make_disk(workdir / "disk.img", journal=journal)
+    with PoweredGuest(netns, img, guest_image) as pg:
+        def change():
+            with Nfs3Client("127.0.0.1", PORT, cred=auth_sys(0, 0), timeout=20) as c:
+                root = c.root(EXPORT)
+                sl = c.symlink(root, "sl", "target")
+                ff = c.mknod_fifo(root, "ff")
+                assert sl.status == NFS3_OK and ff.status == NFS3_OK, (sl.status, ff.status)
+                time.sleep(6)
+                r = c.nfs(NFSPROC3_CREATE, nfs3_args.create(root, "owned", uid=777, gid=888))
+                assert r.status == NFS3_OK, r.status
+                # last: nothing after them commits the journal on their behalf
+                assert c.setattr(sl.fh, uid=1234, gid=5678).status == NFS3_OK
+                assert c.setattr(ff.fh, mode=0o600, uid=4321).status == NFS3_OK
+
+        netns.call(change, timeout=120)
+        time.sleep(1)
+        logs = pg.logs()
+        pg.cut()
+    e2fsck(img, workdir / "e2fsck.log")
+    got = image_attrs(img, "/")
+    want = {"sl": (0o120777, 1234, 5678), "ff": (0o010600, 4321, 0), "owned": (0o100644, 777, 888)}
+    lost = {name: (got.get(name), attrs) for name, attrs in want.items() if got.get(name) != attrs}
+    assert not lost, f"acknowledged changes missing after the power cut (found, acknowledged): {lost}\n{logs}"
 
 
 ASYNC_BLOCKS = 32      # 128 KiB per attempt

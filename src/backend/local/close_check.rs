@@ -13,6 +13,7 @@
 use super::{sys, LocalFs};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use parking_lot::{Condvar, Mutex};
 use std::sync::{Arc, OnceLock, Weak};
 
 type Job = (Arc<OwnedFd>, Weak<LocalFs>);
@@ -59,12 +60,80 @@ pub fn check_and_close(fd: Arc<OwnedFd>, owner: Weak<LocalFs>) {
 }
 
 fn check(fd: &OwnedFd, owner: &Weak<LocalFs>) {
+    let Some(fs) = owner.upgrade() else {
+        // The export is gone: nothing left to vouch for.
+        return;
+    };
+    let _checking = fs.close_checks.begin();
     if let Err(e) = sys::write_and_wait(fd) {
-        if let Some(fs) = owner.upgrade() {
-            // First the verifier: from here on a COMMIT through a new descriptor hears
-            // nothing of this error, and must not answer with the old one.
-            fs.renew_write_verifier();
-            tracing::warn!(error = %e, "a file leaving the cache had a writeback error");
+        // First the verifier: from here on a COMMIT through a new descriptor hears
+        // nothing of this error, and must not answer with the old one.
+        fs.renew_write_verifier();
+        tracing::warn!(error = %e, "a file leaving the cache had a writeback error");
+    }
+}
+
+/// The checks of one export's files under way. A check takes a writeback error for
+/// itself: once it has, a COMMIT through a new descriptor of that file syncs without
+/// hearing of it, and only the new write verifier the check then makes tells the client.
+/// So a COMMIT waits, before it takes the verifier for its reply, for every check begun
+/// by then; a check begun after its sync cannot have taken an error that sync needed.
+#[derive(Default)]
+pub struct CloseChecks {
+    /// Checks begun and ended.
+    counts: Mutex<(u64, u64)>,
+    ended: Condvar,
+}
+
+/// A check under way; ends when dropped.
+pub struct Checking<'a>(&'a CloseChecks);
+
+impl Drop for Checking<'_> {
+    fn drop(&mut self) {
+        self.0.counts.lock().1 += 1;
+        self.0.ended.notify_all();
+    }
+}
+
+impl CloseChecks {
+    pub fn begin(&self) -> Checking<'_> {
+        self.counts.lock().0 += 1;
+        Checking(self)
+    }
+
+    /// Returns once every check begun before this call has ended.
+    pub fn wait_for_begun(&self) {
+        let mut counts = self.counts.lock();
+        let begun = counts.0;
+        while counts.1 < begun {
+            self.ended.wait(&mut counts);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_commit_waits_for_the_checks_begun_before_it_and_no_others() {
+        let checks = Arc::new(CloseChecks::default());
+        checks.wait_for_begun();
+        let first = checks.begin();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let c = checks.clone();
+        let waiter = std::thread::spawn(move || {
+            c.wait_for_begun();
+            done_tx.send(()).unwrap();
+        });
+        assert!(done_rx.recv_timeout(Duration::from_millis(200)).is_err(), "returned while a check begun before it ran");
+        // begun after the waiter started waiting: not waited for
+        let second = checks.begin();
+        drop(first);
+        done_rx.recv_timeout(Duration::from_secs(10)).expect("returned once the checks begun before it ended");
+        waiter.join().unwrap();
+        drop(second);
+        checks.wait_for_begun();
     }
 }

@@ -161,11 +161,13 @@ pub fn namespace_durability(dir: &Path) -> String {
     let fd = dir;
     match sys::metadata_log(fd.as_raw_fd(), st.st_dev) {
         sys::MetadataLog::Journal => "an fsync of the changed directory (a journal, log or copy-on-write commits it)".into(),
-        sys::MetadataLog::Unknown => "an fsync of the changed directory (whether the file system has a journal is unknown)".into(),
-        sys::MetadataLog::NoJournal => match sys::open_block_device(st.st_dev) {
-            Ok((_, device)) => format!("no journal: an fsync of {device} (all metadata)"),
-            Err(_) => "no journal, device not openable: syncfs and an fsync (all dirty data and metadata)".into(),
-        },
+        log @ (sys::MetadataLog::NoJournal | sys::MetadataLog::Unknown) => {
+            let why = if log == sys::MetadataLog::Unknown { "journal unknown, taken as none" } else { "no journal" };
+            match sys::open_block_device(st.st_dev) {
+                Ok((_, device)) => format!("{why}: an fsync of {device} (all metadata)"),
+                Err(_) => format!("{why}, device not openable: syncfs and an fsync (all dirty data and metadata)"),
+            }
+        }
     }
 }
 
@@ -199,6 +201,8 @@ pub struct LocalFs {
     handles: HandleCache,
     /// Directory listings in progress, left open where their last reply ended.
     dir_streams: DirStreams,
+    /// Descriptors leaving the cache being checked for writeback errors.
+    close_checks: close_check::CloseChecks,
     /// The file system refused `RWF_NOWAIT` for a buffered write: stop asking.
     no_nowait_writes: AtomicBool,
     /// The file system refused `RWF_NOWAIT` for a read (tmpfs, vfat): reads that must not
@@ -360,12 +364,15 @@ impl LocalFs {
         let max_file_size = sys::max_file_size(root_fd.as_raw_fd());
         let fs_sync = match sys::metadata_log(root_fd.as_raw_fd(), st.st_dev) {
             sys::MetadataLog::NoJournal if cfg.sync => Some(FsSync::open(&cfg.path, st.st_dev)),
+            // An ext2/3/4 whose journal cannot be seen (no /proc or /sys, as in some
+            // containers): a directory `fsync` would lose acknowledged creates if it has
+            // none, so it is treated as having none.
             sys::MetadataLog::Unknown if cfg.sync => {
                 tracing::warn!(
                     export = %cfg.path.display(),
-                    "cannot tell whether the file system has a journal; namespace changes are made durable with a directory fsync"
+                    "cannot tell whether the file system has a journal: changes are made durable as if it had none"
                 );
-                None
+                Some(FsSync::open(&cfg.path, st.st_dev))
             }
             _ => None,
         };
@@ -382,6 +389,7 @@ impl LocalFs {
             cache: ObjectCache::new(cfg.cache_capacity),
             handles: HandleCache::new(cfg.cache_capacity.saturating_mul(HANDLES_PER_OPEN_OBJECT)),
             dir_streams: DirStreams::default(),
+            close_checks: close_check::CloseChecks::default(),
             no_nowait_writes: AtomicBool::new(false),
             no_nowait_reads: AtomicBool::new(false),
             max_file_size,
@@ -676,6 +684,29 @@ impl LocalFs {
         Ok(())
     }
 
+    /// In `sync` mode, makes a change to `obj`'s own inode (its attributes) durable: its
+    /// `fsync` where it can be opened; symlinks, FIFOs, sockets and devices give no
+    /// descriptor to `fsync`, so the whole file system's metadata is synced for them.
+    fn commit_inode(&self, cred: &Cred, obj: &CachedObject, attr: &Attr, since: Since) -> VfsResult<()> {
+        if !self.sync {
+            return Ok(());
+        }
+        match attr.kind {
+            FileKind::Regular | FileKind::Directory => self.make_durable(cred, obj, attr, SyncKind::Full, since),
+            _ => self.flush_file_system(since),
+        }
+    }
+
+    /// Every change made so far to the export's file system, durable: its flush where it
+    /// has no journal; `syncfs` otherwise (a journal commit and a cache flush, and also
+    /// the writeback of every dirty file, so only for what nothing smaller covers).
+    fn flush_file_system(&self, since: Since) -> VfsResult<()> {
+        match &self.fs_sync {
+            Some(fs) => fs.flush(since.fs.expect("taken with fs_sync set"), &self.root_fd, || self.renew_write_verifier()),
+            None => sys::syncfs(&self.root_fd).inspect_err(|_| self.renew_write_verifier()),
+        }
+    }
+
     /// Makes everything written to `obj` so far durable, sharing the flush with concurrent
     /// callers (group commit); fails if a sync since `since` failed.
     fn make_durable(&self, cred: &Cred, obj: &CachedObject, attr: &Attr, kind: SyncKind, since: Since) -> VfsResult<()> {
@@ -791,24 +822,43 @@ impl LocalFs {
         created: Option<OwnedFd>,
         attrs: Option<&SetAttrs>,
     ) -> VfsResult<Created> {
+        // A new file is empty: a size other than 0 extends it, as knfsd's create does.
+        let grow = attrs.and_then(|a| a.size).filter(|&size| size > 0);
+        if let (Some(size), Some(created)) = (grow, &created) {
+            if size > self.max_file_size {
+                return Err(VfsError::FBig);
+            }
+            sys::ftruncate(created, size)?;
+        }
         let (id, mut attr, fd) = match created {
             Some(created) => self.open_created(&created)?,
             None => self.open_entry(dir, name)?,
         };
+        let mut inode_changed = grow.is_some() && attr.kind == FileKind::Regular;
         if let Some(attrs) = attrs {
             // Mode was given at creation; ownership and times may still need setting.
             // Ownership asked for by anyone but root is ignored, as knfsd does: the
             // object is already made, and a chown the kernel refuses would fail a
             // create that happened.
             let owner = |id: Option<u32>, now: u32| id.filter(|&i| i != now && cred.uid == 0);
-            let rest = SetAttrs { mode: None, uid: owner(attrs.uid, attr.uid), gid: owner(attrs.gid, attr.gid), ..attrs.clone() };
+            let rest = SetAttrs { mode: None, size: None, uid: owner(attrs.uid, attr.uid), gid: owner(attrs.gid, attr.gid), ..attrs.clone() };
             if rest != SetAttrs::default() {
                 self.apply_attrs(&fd, attr.kind, &rest)?;
-                attr = sys::attr_from_stat(&sys::fstat(fd.as_raw_fd())?, self.fsid);
+                inode_changed = true;
             }
         }
-        self.cache.insert(id, CachedObject::new(fd));
+        if inode_changed {
+            attr = sys::attr_from_stat(&sys::fstat(fd.as_raw_fd())?, self.fsid);
+        }
+        let obj = self.cache.insert(id, CachedObject::new(fd));
         self.commit_dir(cred, dir, dir_before, since)?;
+        // The directory's sync covers the entry and the inode as it was made. A change to
+        // the inode after that may sit in a later journal transaction than the
+        // directory's last one, which is all a directory `fsync` waits for. Without a
+        // journal the flush above came after every change and covered it.
+        if inode_changed && self.fs_sync.is_none() {
+            self.commit_inode(cred, &obj, &attr, self.since(&obj))?;
+        }
         Ok(Created { obj: id, attr, dir_wcc: self.dir_wcc(dir, dir_before) })
     }
 
@@ -878,9 +928,7 @@ impl Vfs for LocalFs {
         } else {
             self.apply_attrs(&obj.path_fd, before.kind, &rest)?;
         }
-        if self.sync && matches!(before.kind, FileKind::Regular | FileKind::Directory) {
-            self.make_durable(cred, &obj, &before, SyncKind::Full, since)?;
-        }
+        self.commit_inode(cred, &obj, &before, since)?;
         Ok(Wcc { before: Some(PreOpAttr::from(&before)), after: self.stat(&obj).ok() })
     }
 
@@ -1025,6 +1073,9 @@ impl Vfs for LocalFs {
         if self.sync {
             // Writes acknowledged before a failed sync are the verifier's to disown.
             self.make_durable(cred, &obj, &before, SyncKind::Full, self.since(&obj))?;
+            // A check of a descriptor leaving the cache may have taken an error this sync
+            // would have reported; the verifier the reply carries must show it.
+            self.close_checks.wait_for_begun();
         }
         Ok(Wcc { before: Some(PreOpAttr::from(&before)), after: self.stat(&obj).ok() })
     }
@@ -1054,6 +1105,9 @@ impl Vfs for LocalFs {
                             }
                             None => attr,
                         };
+                        // Another client's create of this name may still be syncing: the
+                        // file this reply speaks of must be durable too.
+                        self.commit_dir(cred, &dobj, &dattr, since)?;
                         Ok(Created { obj: id, attr, dir_wcc: self.dir_wcc(&dobj, &dattr) })
                     }
                     Err(e) => Err(e),
@@ -1068,9 +1122,9 @@ impl Vfs for LocalFs {
                 match sys::openat(dfd, &c, excl, 0) {
                     Ok(fd) => {
                         // The verifier lives in atime/mtime until the client's SETATTR.
-                        let times = [libc::timespec { tv_sec: a, tv_nsec: 0 }, libc::timespec { tv_sec: m, tv_nsec: 0 }];
-                        sys::utimens_fd(fd.as_raw_fd(), &times)?;
-                        self.finish_create(cred, &dobj, &dattr, since, &c, Some(fd), None)
+                        let time = |sec| SetTime::Client(Timespec { sec, nsec: 0 });
+                        let verifier = SetAttrs { atime: time(a), mtime: time(m), ..Default::default() };
+                        self.finish_create(cred, &dobj, &dattr, since, &c, Some(fd), Some(&verifier))
                     }
                     Err(VfsError::Exist) => {
                         let (id, attr, fd) = self.open_entry(&dobj, &c)?;
@@ -1080,7 +1134,12 @@ impl Vfs for LocalFs {
                         if !same {
                             return Err(VfsError::Exist);
                         }
-                        self.cache.insert(id, CachedObject::new(fd));
+                        // A resend after a restart may find a create whose sync never ended.
+                        let obj = self.cache.insert(id, CachedObject::new(fd));
+                        self.commit_dir(cred, &dobj, &dattr, since)?;
+                        if self.fs_sync.is_none() {
+                            self.commit_inode(cred, &obj, &attr, self.since(&obj))?;
+                        }
                         Ok(Created { obj: id, attr, dir_wcc: self.dir_wcc(&dobj, &dattr) })
                     }
                     Err(e) => Err(e),

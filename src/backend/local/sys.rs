@@ -336,7 +336,7 @@ pub enum MetadataLog {
     /// descriptors, and after a crash `fsck` may take a new inode for a free one and drop
     /// its entry. `syncfs`, or an `fsync` of the block device, covers the change.
     NoJournal,
-    /// Could not tell (treated like `Journal`, with a warning).
+    /// Could not tell (treated like `NoJournal`, the safe side, with a warning).
     Unknown,
 }
 
