@@ -393,8 +393,9 @@ def image_attrs(img: Path, path: str) -> dict[str, tuple[int, int, int]]:
 @pytest.mark.parametrize("journal", [True, False], ids=["journal", "no-journal"])
 def test_power_cut_keeps_acknowledged_attribute_changes_of_every_kind(guest_image, netns, workdir,
                                                                       journal):
-    """SETATTR of a symlink or a FIFO, which give no descriptor to fsync, and the owner
-    a root client gives a file as it creates it, are on disk once acknowledged. The
+    """SETATTR of a symlink or a FIFO, which give no descriptor to fsync, the owner a
+    root client gives a file as it creates it, and an exclusive create, are on disk once
+    acknowledged. The
     objects are made, then left for the journal's 5 s commit, so the changes start a
     transaction of their own; the power is cut a second after the replies. The SETATTRs
     come last, so that no later sync commits them on their behalf."""
@@ -409,6 +410,8 @@ def test_power_cut_keeps_acknowledged_attribute_changes_of_every_kind(guest_imag
                 time.sleep(6)
                 r = c.nfs(NFSPROC3_CREATE, nfs3_args.create(root, "owned", uid=777, gid=888))
                 assert r.status == NFS3_OK, r.status
+                # where the new file's sync alone makes its name durable (ext4 with a journal)
+                assert c.create(root, "ex", how="exclusive", verf=b"nasd-vrf").status == NFS3_OK
                 # last: nothing after them commits the journal on their behalf
                 assert c.setattr(sl.fh, uid=1234, gid=5678).status == NFS3_OK
                 assert c.setattr(ff.fh, mode=0o600, uid=4321).status == NFS3_OK
@@ -419,7 +422,8 @@ def test_power_cut_keeps_acknowledged_attribute_changes_of_every_kind(guest_imag
         pg.cut()
     e2fsck(img, workdir / "e2fsck.log")
     got = image_attrs(img, "/")
-    want = {"sl": (0o120777, 1234, 5678), "ff": (0o010600, 4321, 0), "owned": (0o100644, 777, 888)}
+    want = {"sl": (0o120777, 1234, 5678), "ff": (0o010600, 4321, 0), "owned": (0o100644, 777, 888),
+            "ex": (0o100000, 0, 0)}
     lost = {name: (got.get(name), attrs) for name, attrs in want.items() if got.get(name) != attrs}
     assert not lost, f"acknowledged changes missing after the power cut (found, acknowledged): {lost}\n{logs}"
 

@@ -193,6 +193,8 @@ pub struct LocalFs {
     /// for the whole file system, shared by concurrent changes, instead of by the
     /// directory's `fsync`, and data syncs are followed by the same flush.
     fs_sync: Option<FsSync>,
+    /// An `fsync` of a new object makes its name durable too ([`sys::inode_sync_covers_new_entry`]).
+    inode_sync_covers_entry: bool,
     /// The write verifier: new on every start, and after every failed sync
     /// ([`Self::renew_write_verifier`]).
     verifier: AtomicU64,
@@ -362,7 +364,9 @@ impl LocalFs {
         }
         let verifier = AtomicU64::new(rand::random());
         let max_file_size = sys::max_file_size(root_fd.as_raw_fd());
-        let fs_sync = match sys::metadata_log(root_fd.as_raw_fd(), st.st_dev) {
+        let log = sys::metadata_log(root_fd.as_raw_fd(), st.st_dev);
+        let inode_sync_covers_entry = sys::inode_sync_covers_new_entry(root_fd.as_raw_fd(), log);
+        let fs_sync = match log {
             sys::MetadataLog::NoJournal if cfg.sync => Some(FsSync::open(&cfg.path, st.st_dev)),
             // An ext2/3/4 whose journal cannot be seen (no /proc or /sys, as in some
             // containers): a directory `fsync` would lose acknowledged creates if it has
@@ -385,6 +389,7 @@ impl LocalFs {
             fsid: cfg.fsid,
             sync: cfg.sync,
             fs_sync,
+            inode_sync_covers_entry,
             verifier,
             cache: ObjectCache::new(cfg.cache_capacity),
             handles: HandleCache::new(cfg.cache_capacity.saturating_mul(HANDLES_PER_OPEN_OBJECT)),
@@ -851,11 +856,15 @@ impl LocalFs {
             attr = sys::attr_from_stat(&sys::fstat(fd.as_raw_fd())?, self.fsid);
         }
         let obj = self.cache.insert(id, CachedObject::new(fd));
-        self.commit_dir(cred, dir, dir_before, since)?;
         // The directory's sync covers the entry and the inode as it was made. A change to
         // the inode after that may sit in a later journal transaction than the
-        // directory's last one, which is all a directory `fsync` waits for. Without a
-        // journal the flush above came after every change and covered it.
+        // directory's last one, which is all a directory `fsync` waits for, so the inode
+        // is synced too; where its sync carries the entry, it alone. Without a journal
+        // the directory's flush comes after every change and covers it.
+        let inode_only = inode_changed && self.inode_sync_covers_entry && matches!(attr.kind, FileKind::Regular | FileKind::Directory);
+        if !inode_only {
+            self.commit_dir(cred, dir, dir_before, since)?;
+        }
         if inode_changed && self.fs_sync.is_none() {
             self.commit_inode(cred, &obj, &attr, self.since(&obj))?;
         }

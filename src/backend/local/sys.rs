@@ -362,6 +362,24 @@ pub fn metadata_log(fd: RawFd, dev: u64) -> MetadataLog {
     }
 }
 
+const XFS_SUPER_MAGIC: i64 = 0x5846_5342;
+
+/// Whether an `fsync` of a new object also makes its name durable: true of ext4 with a
+/// journal and of XFS, whose logs commit in order, and which log the new entry and the
+/// new inode in one transaction, so that the inode's commit carries the entry's.
+pub fn inode_sync_covers_new_entry(fd: RawFd, log: MetadataLog) -> bool {
+    // SAFETY: fstatfs fills the zeroed struct.
+    let mut sfs: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstatfs(fd, &mut sfs) } < 0 {
+        return false;
+    }
+    match sfs.f_type as i64 {
+        EXT_SUPER_MAGIC => log == MetadataLog::Journal,
+        XFS_SUPER_MAGIC => true,
+        _ => false,
+    }
+}
+
 /// The kernel's name of block device `dev`, from sysfs.
 fn block_device_name(dev: u64) -> Option<String> {
     let (major, minor) = (libc::major(dev), libc::minor(dev));
