@@ -131,11 +131,16 @@ pub fn main() -> ExitCode {
 fn check_exports(args: &ExportsArgs) -> anyhow::Result<()> {
     init_logging("warn");
     let (table, left_out) = read_exports_file(&args.file)?;
-    print!("{}", crate::exports::describe(&table, &left_out));
+    let mut text = crate::exports::describe(&table, &left_out);
     for &client in &args.client {
-        print!("\n{}", crate::exports::describe_client(&table, client, crate::exports::confirmed_client_name));
+        text.push('\n');
+        text.push_str(&crate::exports::describe_client(&table, client, crate::exports::confirmed_client_name));
     }
-    Ok(())
+    // Into a pipe that closed early (`| head`): nothing more to say.
+    match std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
 }
 
 fn exit_with(r: anyhow::Result<()>) -> ExitCode {
@@ -265,33 +270,41 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 fn read_exports_file(file: &std::path::Path) -> anyhow::Result<(ExportTable, Vec<LeftOut>)> {
     let text = std::fs::read_to_string(file).map_err(|e| usage(format!("{}: {e}", file.display())))?;
     let mut table = parse_exports(&text, &file.display().to_string()).map_err(|e| usage(e.to_string()))?;
+    // Paths (and mount points) as the file system names them, where they resolve, and
+    // exports that name one directory merged, before anything is left out: a line whose
+    // `mountpoint` is not mounted must not leave another name of that directory served.
+    for e in &mut table.exports {
+        if let Some(m) = e.needs_mount.as_mut() {
+            if let Ok(canonical) = m.canonicalize() {
+                *m = canonical;
+            }
+        }
+        if let Ok(path) = e.path.canonicalize() {
+            if path != e.path {
+                e.written_paths = vec![std::mem::replace(&mut e.path, path)];
+            }
+        }
+    }
+    crate::exports::merge_same_directories(&mut table).map_err(|e| usage(format!("{}: {e}", file.display())))?;
     // As exportfs: an export whose `mountpoint` is not mounted, or whose directory is
     // missing, is left out and the others are served (a reload that refused the whole file
     // would keep serving the old rules).
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let mut left_out = Vec::new();
-    table.exports.retain_mut(|e| {
-        let resolved = match &e.needs_mount {
+    table.exports.retain(|e| {
+        let why = match &e.needs_mount {
             // Checked first: below an unmounted mount point the path may not exist at all.
-            Some(m) if !m.canonicalize().is_ok_and(|p| is_mount_point(&mounts, &p)) => {
-                Err(format!("its mountpoint {} is not mounted", m.display()))
-            }
-            _ => e.path.canonicalize().map_err(|err| err.to_string()),
+            Some(m) if !is_mount_point(&mounts, m) => Some(format!("its mountpoint {} is not mounted", m.display())),
+            _ => e.path.canonicalize().err().map(|err| err.to_string()),
         };
-        match resolved {
-            Ok(path) => {
-                if path != e.path {
-                    e.written_paths = vec![std::mem::replace(&mut e.path, path)];
-                }
-                true
-            }
-            Err(why) => {
-                left_out.push(LeftOut { path: e.path.clone(), why });
+        match why {
+            Some(why) => {
+                left_out.push(LeftOut { path: e.written_paths.first().unwrap_or(&e.path).clone(), why });
                 false
             }
+            None => true,
         }
     });
-    crate::exports::merge_same_directories(&mut table).map_err(|e| usage(format!("{}: {e}", file.display())))?;
     Ok((table, left_out))
 }
 

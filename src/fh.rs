@@ -97,7 +97,12 @@ impl HandleKey {
                     }
                     d.sync_all()
                 });
-                synced.with_context(|| format!("making {} durable", path.display()))?;
+                if let Err(e) = synced {
+                    // Not left for the next start to take as durable: no handle was made
+                    // with it yet, and a key made anew then is as good.
+                    let _ = std::fs::remove_file(&path);
+                    return Err(e).with_context(|| format!("making {} durable", path.display()));
+                }
                 Ok(Self { key })
             }
             Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),

@@ -482,7 +482,9 @@ impl ExportTable {
             .filter_map(|(e, name)| p.strip_prefix(name).ok().map(|rest| (e, name.components().count(), rest.to_path_buf())))
             .collect();
         found.sort_by_key(|(_, depth, _)| std::cmp::Reverse(*depth));
-        found.dedup_by_key(|(e, _, _)| e.id);
+        // One export may be reached by several of its names, at different depths.
+        let mut seen = HashSet::new();
+        found.retain(|(e, _, _)| seen.insert(e.id));
         match (found.is_empty(), self.exports.as_slice()) {
             (false, _) => found.into_iter().map(|(e, _, rest)| (e, rest)).collect(),
             (true, [only]) => vec![(only, PathBuf::from(path.trim_start_matches('/')))],

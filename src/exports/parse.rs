@@ -107,29 +107,48 @@ fn merge_line(into: &mut Export, into_fsid: &mut Option<u32>, line: Export, fsid
 
 /// Exports whose paths turned out to name one directory (a symlink on the way) are one
 /// export, as lines naming one path are: clients in file order, and they must agree on
-/// `fsid` and `mountpoint`. Run once the paths are canonical; each export's first written
-/// name is the one its id, where no `fsid=` gave it, was derived from.
+/// `fsid` and `mountpoint`. Run once the paths are canonical. Without an `fsid=`, the
+/// export keeps the id of the line that wrote its canonical path, if one did (adding
+/// or removing another name for it then leaves its clients' handles valid), else of
+/// the first line.
 pub fn merge_same_directories(table: &mut ExportTable) -> Result<(), String> {
-    let mut merged: Vec<(Export, Option<u32>)> = Vec::new();
+    struct Merged {
+        export: Export,
+        fsid: Option<u32>,
+        /// Its id is the one its canonical path gives.
+        canonical_id: bool,
+    }
+    let mut merged: Vec<Merged> = Vec::new();
     for e in std::mem::take(&mut table.exports) {
+        let canonical = e.written_paths.is_empty();
         let written = e.written_paths.first().unwrap_or(&e.path).clone();
         let fsid = (e.id != export_id_for_path(&written)).then_some(e.id);
-        match merged.iter_mut().find(|(m, _)| m.path == e.path) {
-            Some((into, into_fsid)) => {
-                let first = into.written_paths.first().unwrap_or(&into.path).display().to_string();
-                let names = e.written_paths.clone();
-                merge_line(into, into_fsid, e, fsid)
+        match merged.iter_mut().find(|m| m.export.path == e.path) {
+            Some(m) => {
+                let first = m.export.written_paths.first().unwrap_or(&m.export.path).display().to_string();
+                let (id, names) = (e.id, e.written_paths.clone());
+                merge_line(&mut m.export, &mut m.fsid, e, fsid)
                     .map_err(|why| format!("{first} and {} are one directory, so one export: {why}", written.display()))?;
+                if m.fsid.is_none() && canonical && !m.canonical_id {
+                    m.export.id = id;
+                    m.canonical_id = true;
+                }
                 for name in names {
-                    if !into.written_paths.contains(&name) {
-                        into.written_paths.push(name);
+                    if !m.export.written_paths.contains(&name) {
+                        m.export.written_paths.push(name);
                     }
                 }
+                if m.fsid.is_none() {
+                    tracing::warn!(
+                        export = %m.export.path.display(), names = ?m.export.written_paths,
+                        "several names of one directory are exported: served as one export; give it fsid= so that its id does not depend on which names the file lists"
+                    );
+                }
             }
-            None => merged.push((e, fsid)),
+            None => merged.push(Merged { fsid, canonical_id: canonical, export: e }),
         }
     }
-    table.exports = merged.into_iter().map(|(e, _)| e).collect();
+    table.exports = merged.into_iter().map(|m| m.export).collect();
     Ok(())
 }
 
@@ -612,7 +631,7 @@ mod tests {
         merge_same_directories(&mut t).unwrap();
         assert_eq!(t.exports.len(), 2);
         let x = &t.exports[0];
-        assert_eq!(x.id, export_id_for_path(Path::new("/x/l1")), "the id the first name gave it");
+        assert_eq!(x.id, export_id_for_path(Path::new("/x/real")), "the id its canonical path's line gave it");
         let specs: Vec<String> = x.rules.iter().map(|r| r.spec.to_string()).collect();
         assert_eq!(specs, ["*", "10.0.0.0/8", "10.0.0.0/8", "10.0.0.2"], "clients in file order");
         assert!(x.rules[1].options.read_only, "the earlier rule for a client is the one that applies");
@@ -627,6 +646,10 @@ mod tests {
         assert!(e.contains("/x/l1 and /x/real are one directory") && e.contains("fsid 5"), "{e}");
         let mut t = canonical("/x/l1 *(mp=/x)\n/x/l2 *(mp=/y)\n");
         assert!(merge_same_directories(&mut t).is_err());
+        // without the canonical path among them, the first name's id
+        let mut t = canonical("/x/l2 *(rw)\n/x/l1 10.0.0.1(rw)\n");
+        merge_same_directories(&mut t).unwrap();
+        assert_eq!(t.exports[0].id, export_id_for_path(Path::new("/x/l2")));
     }
 
     #[test]

@@ -67,3 +67,23 @@ def test_a_file_with_an_error_exits_2_naming_its_line(tmp_path):
     assert f"{f}:3" in p.stderr and "no_such_option" in p.stderr, p.stderr
     p = _exports(tmp_path / "absent")
     assert p.returncode == 2 and "absent" in p.stderr, p.stderr
+
+
+def test_a_name_left_out_for_its_mountpoint_takes_the_directorys_other_names_with_it(tmp_path):
+    """A directory exported by two names, one with `mp`: they are one export, which
+    needs the mount whatever name a line used; `mp` with no path on both lines names
+    one directory, not two."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (tmp_path / "link").symlink_to(shared)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()                         # a directory, nothing mounted on it
+    f = tmp_path / "exports"
+    f.write_text(f"{tmp_path}/link *(rw,mp={mnt})\n{shared} 10.0.0.0/8(rw)\n")
+    p = _exports(f)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == f"{tmp_path}/link  not served: its mountpoint {mnt} is not mounted\n", p.stdout
+    f.write_text(f"{tmp_path}/link *(rw,mp)\n{shared} 10.0.0.0/8(rw,mp)\n")
+    p = _exports(f)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == f"{tmp_path}/link  not served: its mountpoint {shared} is not mounted\n", p.stdout

@@ -172,10 +172,10 @@ pub fn namespace_durability(dir: &Path) -> String {
 }
 
 /// Where the sync groups a change will wait on stood just before it was made (see
-/// [`SyncTicket`]): the file system's, where there is one, and the object's own.
+/// [`SyncTicket`]): the whole file system's ([`LocalFs::fs_group`]) and the object's own.
 #[derive(Debug, Clone, Copy)]
 struct Since {
-    fs: Option<SyncTicket>,
+    fs: SyncTicket,
     obj: SyncTicket,
 }
 
@@ -193,6 +193,9 @@ pub struct LocalFs {
     /// for the whole file system, shared by concurrent changes, instead of by the
     /// directory's `fsync`, and data syncs are followed by the same flush.
     fs_sync: Option<FsSync>,
+    /// `syncfs` of a file system with a journal, for changes nothing smaller covers
+    /// (attributes of symlinks, FIFOs, sockets and devices).
+    syncfs_group: SyncGroup,
     /// An `fsync` of a new object makes its name durable too ([`sys::inode_sync_covers_new_entry`]).
     inode_sync_covers_entry: bool,
     /// The write verifier: new on every start, and after every failed sync
@@ -389,6 +392,7 @@ impl LocalFs {
             fsid: cfg.fsid,
             sync: cfg.sync,
             fs_sync,
+            syncfs_group: SyncGroup::default(),
             inode_sync_covers_entry,
             verifier,
             cache: ObjectCache::new(cfg.cache_capacity),
@@ -665,7 +669,13 @@ impl LocalFs {
 
     /// Where the sync groups a change to `obj` will wait on stand, taken before the change.
     fn since(&self, obj: &CachedObject) -> Since {
-        Since { fs: self.fs_sync.as_ref().map(|fs| fs.group.ticket()), obj: obj.sync.ticket() }
+        Since { fs: self.fs_group().ticket(), obj: obj.sync.ticket() }
+    }
+
+    /// The group of the syncs that cover the whole file system: its flush where it has no
+    /// journal, `syncfs` otherwise.
+    fn fs_group(&self) -> &SyncGroup {
+        self.fs_sync.as_ref().map_or(&self.syncfs_group, |fs| &fs.group)
     }
 
     /// In `sync` mode, makes a directory's changed entries durable; concurrent changes to
@@ -680,7 +690,7 @@ impl LocalFs {
             return Ok(());
         }
         if let Some(fs) = &self.fs_sync {
-            let since = dirs.iter().filter_map(|(_, _, since)| since.fs).min().expect("taken with fs_sync set");
+            let since = dirs.iter().map(|(_, _, since)| since.fs).min().expect("at least one directory");
             return fs.flush(since, &self.root_fd, || self.renew_write_verifier());
         }
         for (dir, attr, since) in dirs {
@@ -707,8 +717,9 @@ impl LocalFs {
     /// the writeback of every dirty file, so only for what nothing smaller covers).
     fn flush_file_system(&self, since: Since) -> VfsResult<()> {
         match &self.fs_sync {
-            Some(fs) => fs.flush(since.fs.expect("taken with fs_sync set"), &self.root_fd, || self.renew_write_verifier()),
-            None => sys::syncfs(&self.root_fd).inspect_err(|_| self.renew_write_verifier()),
+            Some(fs) => fs.flush(since.fs, &self.root_fd, || self.renew_write_verifier()),
+            // Shared by concurrent callers: `syncfs` writes back every dirty file.
+            None => self.syncfs_group.sync(SyncKind::Full, since.fs, |_| sys::syncfs(&self.root_fd).inspect_err(|_| self.renew_write_verifier())),
         }
     }
 
@@ -743,12 +754,12 @@ impl LocalFs {
             // flush fewer than `fsync`, `syncfs`, `fsync` of the root) and reports the
             // file's own writeback errors.
             Some(fs) if fs.device.is_none() => {
-                fs.flush_kind(SyncKind::Data, since.fs.expect("taken with fs_sync set"), &self.root_fd, || self.renew_write_verifier())?;
+                fs.flush_kind(SyncKind::Data, since.fs, &self.root_fd, || self.renew_write_verifier())?;
                 file_sync()
             }
             Some(fs) => {
                 file_sync()?;
-                fs.flush(since.fs.expect("taken with fs_sync set"), &self.root_fd, || self.renew_write_verifier())
+                fs.flush(since.fs, &self.root_fd, || self.renew_write_verifier())
             }
         }
     }
@@ -830,9 +841,6 @@ impl LocalFs {
         // A new file is empty: a size other than 0 extends it, as knfsd's create does.
         let grow = attrs.and_then(|a| a.size).filter(|&size| size > 0);
         if let (Some(size), Some(created)) = (grow, &created) {
-            if size > self.max_file_size {
-                return Err(VfsError::FBig);
-            }
             sys::ftruncate(created, size)?;
         }
         let (id, mut attr, fd) = match created {
@@ -1097,6 +1105,11 @@ impl Vfs for LocalFs {
         let excl = libc::O_CREAT | libc::O_EXCL | libc::O_RDWR;
         match how {
             CreateHow::Unchecked(attrs) | CreateHow::Guarded(attrs) => {
+                // Refused before anything is made: a file created and then refused would
+                // turn the client's retry of a GUARDED create into EXIST.
+                if attrs.size.is_some_and(|size| size > self.max_file_size) {
+                    return Err(VfsError::FBig);
+                }
                 let mode = attrs.mode.unwrap_or(0o644) & 0o7777;
                 match sys::openat(dfd, &c, excl, mode) {
                     Ok(fd) => self.finish_create(cred, &dobj, &dattr, since, &c, Some(fd), Some(attrs)),
