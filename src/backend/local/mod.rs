@@ -154,12 +154,11 @@ impl FsSync {
 /// How a `sync` export on the file system holding `dir` makes each namespace change
 /// durable, in words (the bench reports it: it decides the metadata figures).
 pub fn namespace_durability(dir: &Path) -> String {
-    let (dir, st) = match std::fs::File::open(dir).map(|d| (sys::fstat(d.as_raw_fd()), d)) {
-        Ok((Ok(st), d)) => (d, st),
-        _ => return "unknown (the directory cannot be opened)".into(),
+    let opened = std::fs::File::open(dir).ok().and_then(|d| sys::fstat(d.as_raw_fd()).ok().map(|st| (d, st)));
+    let Some((dir, st)) = opened else {
+        return "unknown (the directory cannot be opened)".into();
     };
-    let fd = dir;
-    match sys::metadata_log(fd.as_raw_fd(), st.st_dev) {
+    match sys::metadata_log(dir.as_raw_fd(), st.st_dev) {
         sys::MetadataLog::Journal => "an fsync of the changed directory (a journal, log or copy-on-write commits it)".into(),
         log @ (sys::MetadataLog::NoJournal | sys::MetadataLog::Unknown) => {
             let why = if log == sys::MetadataLog::Unknown { "journal unknown, taken as none" } else { "no journal" };
