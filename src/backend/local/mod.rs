@@ -863,19 +863,31 @@ impl LocalFs {
             attr = sys::attr_from_stat(&sys::fstat(fd.as_raw_fd())?, self.fsid);
         }
         let obj = self.cache.insert(id, CachedObject::new(fd));
-        // The directory's sync covers the entry and the inode as it was made. A change to
-        // the inode after that may sit in a later journal transaction than the
-        // directory's last one, which is all a directory `fsync` waits for, so the inode
-        // is synced too; where its sync carries the entry, it alone. Without a journal
-        // the directory's flush comes after every change and covers it.
+        self.commit_created(cred, (dir, dir_before, since), (&obj, &attr), inode_changed)?;
+        Ok(Created { obj: id, attr, dir_wcc: self.dir_wcc(dir, dir_before) })
+    }
+
+    /// In `sync` mode, makes a new entry durable, and the new object's inode where it
+    /// was changed after it was made. The directory's sync covers the entry and the
+    /// inode as it was made; a later change to the inode may sit in a later journal
+    /// transaction than the directory's last one, which is all a directory `fsync` waits
+    /// for, so the inode is synced too, and where its sync carries the entry, it alone.
+    /// Without a journal the directory's flush comes after every change and covers it.
+    fn commit_created(
+        &self,
+        cred: &Cred,
+        (dir, dir_before, since): (&CachedObject, &Attr, Since),
+        (obj, attr): (&CachedObject, &Attr),
+        inode_changed: bool,
+    ) -> VfsResult<()> {
         let inode_only = inode_changed && self.inode_sync_covers_entry && matches!(attr.kind, FileKind::Regular | FileKind::Directory);
         if !inode_only {
             self.commit_dir(cred, dir, dir_before, since)?;
         }
         if inode_changed && self.fs_sync.is_none() {
-            self.commit_inode(cred, &obj, &attr, self.since(&obj))?;
+            self.commit_inode(cred, obj, attr, self.since(obj))?;
         }
-        Ok(Created { obj: id, attr, dir_wcc: self.dir_wcc(dir, dir_before) })
+        Ok(())
     }
 
     /// The directory and the validated name a create-like operation makes an entry with.
@@ -1157,10 +1169,7 @@ impl Vfs for LocalFs {
                         }
                         // A resend after a restart may find a create whose sync never ended.
                         let obj = self.cache.insert(id, CachedObject::new(fd));
-                        self.commit_dir(cred, &dobj, &dattr, since)?;
-                        if self.fs_sync.is_none() {
-                            self.commit_inode(cred, &obj, &attr, self.since(&obj))?;
-                        }
+                        self.commit_created(cred, (&dobj, &dattr, since), (&obj, &attr), true)?;
                         Ok(Created { obj: id, attr, dir_wcc: self.dir_wcc(&dobj, &dattr) })
                     }
                     Err(e) => Err(e),
