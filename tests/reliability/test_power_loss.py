@@ -292,10 +292,9 @@ class PoweredGuest:
 # How nasd makes namespace changes durable, as its warning at start names it.
 NAMESPACE_SYNC = {
     "directory fsync": None,
-    "block device fsync": "the file system has no journal: each namespace change is made "
-                          "durable by an fsync of its block device",
-    "syncfs": "the file system has no journal and its block device cannot be opened: each "
-              "namespace change is made durable with syncfs",
+    "block device fsync": "each namespace change is made durable with an fsync of its "
+                          "block device",
+    "syncfs": "each namespace change is made durable with syncfs",
 }
 
 

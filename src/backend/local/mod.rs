@@ -130,24 +130,61 @@ impl FsSync {
         })
     }
 
-    fn open(export: &Path, dev: u64) -> Self {
-        let device = match sys::open_block_device(dev) {
-            Ok((fd, path)) => {
-                tracing::warn!(
-                    export = %export.display(), device = %path,
-                    "the file system has no journal: each namespace change is made durable by an fsync of its block device (all its metadata), which costs more than a directory fsync; stable writes and COMMITs are followed by the same flush"
-                );
-                Some(fd)
-            }
-            Err(e) => {
-                tracing::warn!(
-                    export = %export.display(), error = %e,
-                    "the file system has no journal and its block device cannot be opened: each namespace change is made durable with syncfs, which also waits for all dirty file data; stable writes and COMMITs are followed by the same flush"
-                );
-                None
-            }
-        };
+    fn new(device: Option<OwnedFd>) -> Self {
         Self { group: SyncGroup::default(), device }
+    }
+}
+
+/// How a `sync` export makes each namespace change durable on its file system: decided
+/// once, from the file system, for the server and for the bench's report alike.
+enum NamespacePlan {
+    /// A journal (or a log, or copy-on-write) commits the change with the directory's
+    /// `fsync`.
+    DirectoryFsync,
+    /// No journal (or none that can be seen): an `fsync` of the block device writes all
+    /// the file system's metadata.
+    DeviceFsync { log: sys::MetadataLog, device: OwnedFd, path: String },
+    /// No journal and a block device that cannot be opened: `syncfs`, which also waits
+    /// for all dirty file data, and an `fsync`.
+    Syncfs { log: sys::MetadataLog, why: std::io::Error },
+}
+
+impl NamespacePlan {
+    /// The plan for a file system on device `dev` whose metadata log is `log`
+    /// ([`sys::metadata_log`]).
+    fn of(log: sys::MetadataLog, dev: u64) -> Self {
+        match log {
+            sys::MetadataLog::Journal => Self::DirectoryFsync,
+            log => match sys::open_block_device(dev) {
+                Ok((device, path)) => Self::DeviceFsync { log, device, path },
+                Err(why) => Self::Syncfs { log, why },
+            },
+        }
+    }
+
+    /// The plan in words (for logs and the bench report).
+    fn describe(&self) -> String {
+        let no_journal = |log: &sys::MetadataLog| match log {
+            sys::MetadataLog::Unknown => "journal unknown, taken as none",
+            _ => "no journal",
+        };
+        match self {
+            Self::DirectoryFsync => "an fsync of the changed directory (a journal, log or copy-on-write commits it)".into(),
+            Self::DeviceFsync { log, path, .. } => format!("an fsync of its block device {path} (all metadata: {})", no_journal(log)),
+            Self::Syncfs { log, why } => format!(
+                "syncfs and an fsync (all dirty data and metadata: {}, and its block device cannot be opened: {why})",
+                no_journal(log)
+            ),
+        }
+    }
+
+    /// The flush that stands in for the directory's `fsync`, where that is not enough.
+    fn into_fs_sync(self) -> Option<FsSync> {
+        match self {
+            Self::DirectoryFsync => None,
+            Self::DeviceFsync { device, .. } => Some(FsSync::new(Some(device))),
+            Self::Syncfs { .. } => Some(FsSync::new(None)),
+        }
     }
 }
 
@@ -155,18 +192,9 @@ impl FsSync {
 /// durable, in words (the bench reports it: it decides the metadata figures).
 pub fn namespace_durability(dir: &Path) -> String {
     let opened = std::fs::File::open(dir).ok().and_then(|d| sys::fstat(d.as_raw_fd()).ok().map(|st| (d, st)));
-    let Some((dir, st)) = opened else {
-        return "unknown (the directory cannot be opened)".into();
-    };
-    match sys::metadata_log(dir.as_raw_fd(), st.st_dev) {
-        sys::MetadataLog::Journal => "an fsync of the changed directory (a journal, log or copy-on-write commits it)".into(),
-        log @ (sys::MetadataLog::NoJournal | sys::MetadataLog::Unknown) => {
-            let why = if log == sys::MetadataLog::Unknown { "journal unknown, taken as none" } else { "no journal" };
-            match sys::open_block_device(st.st_dev) {
-                Ok((_, device)) => format!("{why}: an fsync of {device} (all metadata)"),
-                Err(_) => format!("{why}, device not openable: syncfs and an fsync (all dirty data and metadata)"),
-            }
-        }
+    match opened {
+        Some((d, st)) => NamespacePlan::of(sys::metadata_log(d.as_raw_fd(), st.st_dev), st.st_dev).describe(),
+        None => "unknown (the directory cannot be opened)".into(),
     }
 }
 
@@ -368,19 +396,20 @@ impl LocalFs {
         let max_file_size = sys::max_file_size(root_fd.as_raw_fd());
         let log = sys::metadata_log(root_fd.as_raw_fd(), st.st_dev);
         let inode_sync_covers_entry = sys::inode_sync_covers_new_entry(root_fd.as_raw_fd(), log);
-        let fs_sync = match log {
-            sys::MetadataLog::NoJournal if cfg.sync => Some(FsSync::open(&cfg.path, st.st_dev)),
-            // An ext2/3/4 whose journal cannot be seen (no /proc or /sys, as in some
-            // containers): a directory `fsync` would lose acknowledged creates if it has
-            // none, so it is treated as having none.
-            sys::MetadataLog::Unknown if cfg.sync => {
+        let fs_sync = if cfg.sync {
+            let plan = NamespacePlan::of(log, st.st_dev);
+            if !matches!(plan, NamespacePlan::DirectoryFsync) {
+                // Costs more than a directory's `fsync` (and `syncfs` waits for everything
+                // other clients wrote UNSTABLE): worth a warning.
                 tracing::warn!(
                     export = %cfg.path.display(),
-                    "cannot tell whether the file system has a journal: changes are made durable as if it had none"
+                    "each namespace change is made durable with {}; stable writes and COMMITs are followed by the same flush",
+                    plan.describe()
                 );
-                Some(FsSync::open(&cfg.path, st.st_dev))
             }
-            _ => None,
+            plan.into_fs_sync()
+        } else {
+            None
         };
         let fs = Arc::new_cyclic(|me| Self {
             root_fd,
