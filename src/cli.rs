@@ -196,12 +196,10 @@ fn build_config(args: &ServeArgs) -> anyhow::Result<Config> {
         (&mut l.drc_entries, args.drc_entries),
     ] {
         if let Some(v) = src {
-            if v == 0 {
-                return Err(usage("limits must be at least 1"));
-            }
             *dst = v;
         }
     }
+    config.limits.check().map_err(usage)?;
     Ok(config)
 }
 
@@ -257,9 +255,23 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .build()?;
     let reload_from = if args.dir.is_none() { config.exports.clone() } else { None };
     runtime.block_on(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        // Caught before the exports open, which takes a while: a SIGHUP meanwhile (a
+        // reload right after a start) must not take its default action, ending nasd.
+        let hangup = signal(SignalKind::hangup());
         let server = Server::bind(&config, table).await?;
-        if let Some(file) = reload_from {
-            tokio::spawn(reload_exports_on_hangup(server.reloader(), file));
+        match (hangup, reload_from) {
+            (Ok(hangup), Some(file)) => {
+                tokio::spawn(reload_exports_on_hangup(hangup, server.reloader(), file));
+            }
+            (Ok(mut hangup), None) => {
+                tokio::spawn(async move {
+                    while hangup.recv().await.is_some() {
+                        tracing::warn!("SIGHUP ignored: nasd serves the directory named on its command line, with no exports file to read again");
+                    }
+                });
+            }
+            (Err(e), _) => tracing::warn!(error = %e, "no SIGHUP handler: the exports are read only at start"),
         }
         server.run(shutdown_signal()).await
     })
@@ -327,15 +339,7 @@ fn is_mount_point(mountinfo: &str, path: &std::path::Path) -> bool {
 
 /// SIGHUP re-reads the exports file and serves what it says now, as `exportfs -r` does;
 /// a file with an error leaves the exports as they were.
-async fn reload_exports_on_hangup(reloader: crate::server::ExportReloader, file: PathBuf) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut hangup = match signal(SignalKind::hangup()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(error = %e, "no SIGHUP handler: the exports file is read only at start");
-            return;
-        }
-    };
+async fn reload_exports_on_hangup(mut hangup: tokio::signal::unix::Signal, reloader: crate::server::ExportReloader, file: PathBuf) {
     while hangup.recv().await.is_some() {
         let (reloader, file) = (reloader.clone(), file.clone());
         // Reading the file and opening new exports touch the disk.

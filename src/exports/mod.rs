@@ -405,6 +405,16 @@ impl Export {
         self.options_with_name(client, |ip| client_name(ip, may_resolve))
     }
 
+    /// Whether some rule admits `client`, which rule winning aside: a name the resolver
+    /// would have to find counts only where the name is cached, but a rule for its
+    /// address, a network or `*` admits it whatever a name rule would give.
+    pub fn admits(&self, client: IpAddr) -> bool {
+        match self.options_for(client, false) {
+            Ok(found) => found.is_some(),
+            Err(NameNotResolved) => matches!(self.options_with_name(client, |_| Ok(None)), Ok(Some(_))),
+        }
+    }
+
     /// [`Self::options_for`] with the client's name (for wildcard rules) from `name`, which
     /// is asked only when a wildcard rule could still win.
     fn options_with_name(
@@ -711,6 +721,12 @@ mod tests {
         };
         assert!(e.options_with_name("10.5.5.5".parse().unwrap(), ask).unwrap().unwrap().read_only);
         assert!(!asked.get(), "looked up the name of a client an address rule decides");
+        // Whether a client is admitted at all needs no name where `*` is on the line
+        // (the UDP reply guard asks this of clients whose names are not yet known).
+        let unnamed: IpAddr = "192.0.2.77".parse().unwrap();
+        assert!(e.admits(unnamed), "`*` admits every client, whatever a name rule would give");
+        let names_only = Export { rules: vec![rule(ClientSpec::Wildcard("*.trusted.lab".into()), false)], ..e.clone() };
+        assert!(!names_only.admits(unnamed), "a client whose name is not known is admitted by no name rule");
     }
 
     #[test]

@@ -199,7 +199,10 @@ fn access(state: &ServerState, ctx: &CallContext, fh: &[u8], mask: u32, out: &mu
     use crate::vfs::access::*;
     let adm = admit(state, ctx, fh, ATTR)?;
     let (mut granted, attr) = adm.rt.vfs.access(&adm.cred, &adm.obj, mask).map_err(fail_on(&[&adm], ATTR))?;
-    if adm.options.read_only {
+    // As knfsd: writing a FIFO or device node never reaches the server, so a read-only
+    // export leaves their MODIFY and EXTEND to the mode bits (the Linux client asks ACCESS
+    // before it opens one for writing).
+    if adm.options.read_only && matches!(attr.kind, crate::vfs::FileKind::Regular | crate::vfs::FileKind::Directory) {
         granted &= !(MODIFY | EXTEND | DELETE);
     }
     put_post_op_attr(out, Some(&attr));

@@ -92,8 +92,14 @@ impl Portmap {
         v
     }
 
-    fn find(&self, program: u32, version: u32, protocol: u32) -> Option<u16> {
-        self.mappings().into_iter().find(|m| m.program == program && m.version == version && m.protocol == protocol).map(|m| m.port)
+    /// The port of `program` over `protocol`: of `version` where it is served, otherwise,
+    /// unless `exact`, of any version, as rpcbind answers GETPORT and GETADDR (the client
+    /// then learns the versions served from the program's PROG_MISMATCH); GETVERSADDR
+    /// asks for `exact`.
+    fn find(&self, program: u32, version: u32, protocol: u32, exact: bool) -> Option<u16> {
+        let served: Vec<Mapping> = self.mappings().into_iter().filter(|m| m.program == program && m.protocol == protocol).collect();
+        let same_version = served.iter().find(|m| m.version == version);
+        same_version.or(if exact { None } else { served.first() }).map(|m| m.port)
     }
 
     fn universal_address(local: SocketAddr, port: u16) -> String {
@@ -127,12 +133,13 @@ impl RpcProgram for Portmap {
         match args {
             Args::Null => {}
             Args::Mapping(program, version, protocol, _) => match ctx.procedure {
-                3 => out.u32(self.find(program, version, protocol).unwrap_or(0) as u32),
+                3 => out.u32(self.find(program, version, protocol, false).unwrap_or(0) as u32),
                 _ => out.bool(false),
             },
             Args::Rpcb(rpcb) => match ctx.procedure {
                 3 | 9 => {
-                    let port = Self::netid_protocol(rpcb.netid).and_then(|p| self.find(rpcb.program, rpcb.version, p));
+                    let exact = ctx.procedure == 9;
+                    let port = Self::netid_protocol(rpcb.netid).and_then(|p| self.find(rpcb.program, rpcb.version, p, exact));
                     let uaddr = port.map(|p| Self::universal_address(ctx.local, p)).unwrap_or_default();
                     out.opaque(uaddr.as_bytes());
                 }
@@ -236,11 +243,20 @@ mod tests {
     }
 
     #[test]
-    fn getport_finds_only_served_programs() {
+    fn getport_finds_only_served_programs_and_any_version_unless_asked_for_one() {
         let pm = Portmap::new(Arc::new(AtomicU16::new(2049)), 111);
-        assert_eq!(pm.find(100003, 3, IPPROTO_TCP), Some(2049));
-        assert_eq!(pm.find(100005, 3, IPPROTO_UDP), Some(2049));
-        assert_eq!(pm.find(100003, 4, IPPROTO_TCP), None);
-        assert_eq!(pm.find(100021, 4, IPPROTO_TCP), None);
+        for exact in [false, true] {
+            assert_eq!(pm.find(100003, 3, IPPROTO_TCP, exact), Some(2049));
+            assert_eq!(pm.find(100005, 3, IPPROTO_UDP, exact), Some(2049));
+            assert_eq!(pm.find(100021, 4, IPPROTO_TCP, exact), None, "NLM is not served");
+            assert_eq!(pm.find(100003, 3, 99, exact), None, "no such protocol");
+        }
+        // As rpcbind: GETPORT and GETADDR name the program's port whatever the version,
+        // so a client asking for NFS v4 or MOUNT v1 reaches it and learns the versions
+        // from its PROG_MISMATCH; GETVERSADDR finds the version asked for only.
+        assert_eq!(pm.find(100003, 4, IPPROTO_TCP, false), Some(2049));
+        assert_eq!(pm.find(100005, 1, IPPROTO_UDP, false), Some(2049));
+        assert_eq!(pm.find(100003, 4, IPPROTO_TCP, true), None);
+        assert_eq!(pm.find(100000, 2, IPPROTO_TCP, true), Some(111));
     }
 }

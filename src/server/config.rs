@@ -90,7 +90,21 @@ impl Limits {
     /// Refuses limits a client could not work with: FSINFO offers 1 MiB WRITEs, and a
     /// record longer than `max_record_bytes` closes the connection, so a smaller limit
     /// would make the Linux client retransmit the same WRITE forever.
+    /// Refuses zeros where they would stop the server (no call ever admitted, every
+    /// connection closed at once); the two timeouts that may be 0 say what 0 means.
     pub fn check(&self) -> Result<(), String> {
+        for (name, value) in [
+            ("max_connections", self.max_connections as u64),
+            ("max_requests_per_connection", self.max_requests_per_connection as u64),
+            ("max_requests_in_flight", self.max_requests_in_flight as u64),
+            ("drc_entries", self.drc_entries as u64),
+            ("idle_timeout_secs", self.idle_timeout_secs),
+            ("write_timeout_secs", self.write_timeout_secs),
+        ] {
+            if value == 0 {
+                return Err(format!("{name} = 0 would stop the server from answering: it must be at least 1"));
+            }
+        }
         if self.max_record_bytes < LARGEST_CALL {
             return Err(format!(
                 "max_record_bytes = {} is too small: a 1 MiB WRITE (the size nasd offers clients) needs {LARGEST_CALL}",
@@ -125,6 +139,18 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn limits_that_would_stop_the_server_are_refused_and_zero_timeouts_that_mean_never_are_not() {
+        for name in ["max_connections", "max_requests_per_connection", "max_requests_in_flight", "drc_entries", "idle_timeout_secs", "write_timeout_secs"] {
+            let config = Config::from_toml(&format!("[limits]\n{name} = 0\n")).expect("parses");
+            let refused = config.limits.check().expect_err(name);
+            assert!(refused.starts_with(&format!("{name} = 0")), "{refused}");
+        }
+        let config = Config::from_toml("[limits]\nstall_timeout_secs = 0\nopen_object_idle_secs = 0\n").expect("parses");
+        assert_eq!(config.limits.check(), Ok(()));
+        assert_eq!(Limits::default().check(), Ok(()));
+    }
 
     #[test]
     fn a_record_limit_below_the_largest_write_is_refused() {

@@ -82,11 +82,12 @@ impl ServerState {
         Ok(opts.clone())
     }
 
-    /// Whether any export admits this client. The resolver is not asked, so a wildcard
-    /// rule counts only for a client whose name is already confirmed (by an earlier MNT).
+    /// Whether any export admits this client. The resolver is not asked, so a name
+    /// wildcard rule counts only for a client whose name is already confirmed (by an
+    /// earlier MNT).
     pub fn admits_anywhere(&self, client: std::net::IpAddr) -> bool {
         let ip = canonical_ip(client);
-        self.exports.read().iter().any(|rt| matches!(rt.export.options_for(ip, false), Ok(Some(_))))
+        self.exports.read().iter().any(|rt| rt.export.admits(ip))
     }
 
     /// The export a MOUNT path names (by id) and the path below its root.

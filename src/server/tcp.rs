@@ -554,9 +554,17 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
         });
         let waited = batch
             .flush_before_waiting(async {
-                tokio::select! {
-                    r = tokio::time::timeout(idle, rd.fill_buf()) => Some(r.map(|r| r.map(|b| b.is_empty()))),
-                    _ = &mut writer => None,
+                loop {
+                    tokio::select! {
+                        r = tokio::time::timeout(idle, rd.fill_buf()) => match r {
+                            // Idle means nothing sent and nothing running: a client waiting
+                            // for a long COMMIT keeps its connection (as knfsd, which ages
+                            // out only transports no request holds).
+                            Err(_) if calls_running(&conn_slots, per_conn) => continue,
+                            r => break Some(r.map(|r| r.map(|b| b.is_empty()))),
+                        },
+                        _ = &mut writer => break None,
+                    }
                 }
             })
             .await;
@@ -631,6 +639,12 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
         let _ = writer.await;
     }
     result
+}
+
+/// Whether calls of this connection are running or their replies are still queued,
+/// while the reader holds one slot for the next.
+fn calls_running(conn_slots: &Semaphore, per_conn: usize) -> bool {
+    conn_slots.available_permits() + 1 < per_conn
 }
 
 /// A request slot, or `None` once the connection's writer task has ended (it gave up on a
@@ -827,6 +841,91 @@ mod tests {
         assert_eq!(received, (THREADS * EACH) as usize);
         sink.close();
         writer.await.unwrap();
+    }
+
+    /// Program 400001, version 1: procedure 1 waits the milliseconds its word says and
+    /// answers it, procedure 2 answers its word at once.
+    struct Sleepy;
+
+    impl crate::rpc::RpcProgram for Sleepy {
+        fn program(&self) -> u32 {
+            400_001
+        }
+        fn versions(&self) -> (u32, u32) {
+            (1, 1)
+        }
+        fn call(&self, ctx: &crate::rpc::CallContext, args: &mut crate::xdr::XdrReader<'_>, out: &mut crate::xdr::XdrWriter) -> Result<(), crate::rpc::ProcError> {
+            let word = args.u32()?;
+            if ctx.procedure == 1 {
+                std::thread::sleep(Duration::from_millis(word.into()));
+            }
+            out.u32(word);
+            Ok(())
+        }
+    }
+
+    /// A server's shared state with `program` alone and `limits`.
+    fn shared_with(program: Arc<dyn crate::rpc::RpcProgram>, limits: crate::server::config::Limits) -> Arc<Shared> {
+        use crate::metrics::Metrics;
+        let metrics = Arc::new(Metrics::new());
+        let state = crate::server::state::ServerState::new(Vec::new(), crate::fh::HandleKey::from_bytes([7; 32]), metrics.clone());
+        Arc::new(Shared {
+            dispatcher: crate::rpc::dispatch::Dispatcher::new(vec![program], 16, metrics.clone()),
+            metrics,
+            record_limits: crate::rpc::record::RecordLimits { max_record: limits.max_record_bytes, max_fragments: 1024 },
+            global_requests: Arc::new(Semaphore::new(limits.max_requests_in_flight)),
+            busy_poll: crate::server::busy_poll::BusyPoll::new(Duration::ZERO),
+            record_pool: crate::rpc::record::RecordPool::new(4),
+            state: Arc::new(state),
+            stalls: stalls::Stalls::new(Duration::from_secs(limits.stall_timeout_secs)),
+            connections: Arc::new(Semaphore::new(limits.max_connections)),
+            limits,
+        })
+    }
+
+    /// A framed call of program 400001 with one word of arguments.
+    fn sleepy_call(xid: u32, procedure: u32, word: u32) -> Vec<u8> {
+        let mut w = crate::xdr::XdrWriter::new();
+        crate::rpc::message::encode_call(&mut w, xid, 400_001, 1, procedure, &crate::rpc::auth::Credential::None);
+        w.u32(word);
+        let body = w.into_inner();
+        let mut framed = (0x8000_0000u32 | body.len() as u32).to_be_bytes().to_vec();
+        framed.extend_from_slice(&body);
+        framed
+    }
+
+    /// Reads one framed reply: its xid and its last word.
+    fn read_reply(s: &mut std::net::TcpStream) -> std::io::Result<(u32, u32)> {
+        let mut mark = [0u8; 4];
+        s.read_exact(&mut mark)?;
+        let mut body = vec![0u8; (u32::from_be_bytes(mark) & 0x7fff_ffff) as usize];
+        s.read_exact(&mut body)?;
+        let word = |at: usize| u32::from_be_bytes(body[at..at + 4].try_into().unwrap());
+        Ok((word(0), word(body.len() - 4)))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connection_waiting_for_a_long_call_is_not_idle() {
+        use std::io::Write;
+        let limits = crate::server::config::Limits { idle_timeout_secs: 1, ..Default::default() };
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(accept_loop(listener, shared_with(Arc::new(Sleepy), limits)));
+        let replies = tokio::task::spawn_blocking(move || {
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            // A call that runs past the idle timeout, then, while it runs and after the
+            // timeout, a quick one on the same connection.
+            s.write_all(&sleepy_call(1, 1, 3000)).unwrap();
+            std::thread::sleep(Duration::from_millis(1800));
+            s.write_all(&sleepy_call(2, 2, 42)).unwrap();
+            (read_reply(&mut s), read_reply(&mut s))
+        })
+        .await
+        .unwrap();
+        let (quick, long) = replies;
+        assert_eq!(quick.expect("the quick call sent after the idle timeout was not answered"), (2, 42));
+        assert_eq!(long.expect("the long call was not answered"), (1, 3000));
     }
 
     fn socket_with_small_buffers(addr: SocketAddr) -> std::net::TcpStream {

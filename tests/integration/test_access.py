@@ -84,6 +84,29 @@ def test_ro_export_refuses_every_modification(tmp_path):
     assert (export / "f").read_bytes() == b"original"
 
 
+def test_ro_export_leaves_writing_fifos_and_devices_to_their_mode_bits(tmp_path):
+    """Writing a FIFO or device node never reaches the server, so a read-only export
+    does not take MODIFY and EXTEND from them (as knfsd); the Linux client asks ACCESS
+    before it opens one for writing. Files and directories stay read-only."""
+    export = make_export(tmp_path)
+    os.mkfifo(export / "pipe", 0o666)
+    os.chmod(export / "pipe", 0o666)
+    os.mkfifo(export / "private", 0o600)
+    (export / "f").write_bytes(b"x")
+    os.chmod(export / "f", 0o666)
+    (export / "d").mkdir(mode=0o777)
+    os.chmod(export / "d", 0o777)
+    write = rpc.ACCESS3_MODIFY | rpc.ACCESS3_EXTEND
+    with Nasd(export, args=["--ro"]) as n, Nfs3Client(n.host, n.port, cred=auth_sys(1000, 1000, gids=[1000])) as c:
+        root = c.root(n.export_dir)
+        granted = {name: c.access(c.lookup(root, name).fh).access for name in ["pipe", "private", "f", "d"]}
+        assert granted["pipe"] & write == write, granted
+        assert granted["private"] & write == 0, "the mode bits still decide"
+        assert granted["f"] & (write | rpc.ACCESS3_DELETE) == 0, granted
+        assert granted["d"] & (write | rpc.ACCESS3_DELETE) == 0, granted
+        assert c.mknod_fifo(root, "another").status == rpc.NFS3ERR_ROFS
+
+
 def test_ro_option_in_exports_file(tmp_path):
     export = make_export(tmp_path)
     ex = write_exports(tmp_path, [f"{export} 127.0.0.1(ro,no_root_squash,insecure)"])

@@ -366,7 +366,8 @@ def test_dotdot_of_a_directory_being_moved_out_never_leads_out(tmp_path):
 
 def test_bind_mount_inside_export_is_not_crossed(srv, c, tmp_path):
     """A directory bind-mounted into the export from outside stays out of reach: LOOKUP
-    of the mount point is refused, and so is MOUNT of a path through it."""
+    of the mount point is refused, and so is MOUNT of a path through it. Removing the
+    name it is mounted on answers ACCES, as knfsd does, not IO (a failing disk)."""
     if os.geteuid() != 0:
         pytest.skip("bind mounts need root")
     outside = tmp_path / "outside"
@@ -380,7 +381,10 @@ def test_bind_mount_inside_export_is_not_crossed(srv, c, tmp_path):
         r = c.lookup(c.export_root, "bind_point")
         assert not r.ok and r.status == rpc.NFS3ERR_ACCES
         assert c.mnt(str(point)).status != 0
+        r = c.rmdir(c.export_root, "bind_point")
+        assert r.status == rpc.NFS3ERR_ACCES, f"RMDIR of a mount point answered {r.status}"
     finally:
         subprocess.run(["umount", str(point)], check=True)
     # Unmounted, the plain directory is served again.
     assert c.lookup(c.export_root, "bind_point").ok
+    assert c.rmdir(c.export_root, "bind_point").ok

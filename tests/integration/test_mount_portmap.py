@@ -231,7 +231,10 @@ def test_portmap_getport_and_the_advertised_port_works(pmap_srv):
             return r.unpacker().u32()
         assert getport(NFS_PROG, 3, IPPROTO_TCP) == n.port
         assert getport(MOUNT_PROG, 3, IPPROTO_UDP) == n.port
-        assert getport(NFS_PROG, 4, IPPROTO_TCP) == 0
+        # As rpcbind: the program's port whatever the version asked for; the program then
+        # tells the client which versions it serves.
+        assert getport(NFS_PROG, 4, IPPROTO_TCP) == n.port
+        assert getport(MOUNT_PROG, 1, IPPROTO_UDP) == n.port
         assert getport(100021, 4, IPPROTO_TCP) == 0   # NLM is not served
         port = getport(MOUNT_PROG, 3, IPPROTO_TCP)
     with Nfs3Client(n.host, port, cred=ROOT) as m:

@@ -830,8 +830,33 @@ impl LocalFs {
         sys::pwrite(fd, data, offset, 0)
     }
 
+    /// The wcc data of a directory a call looked at but did not change.
     fn dir_wcc(&self, dir: &CachedObject, before: &Attr) -> Wcc {
         Wcc { before: Some(PreOpAttr::from(before)), after: self.stat(dir).ok() }
+    }
+
+    /// Runs `change` of the entries of `dirs` (one directory, or a rename's two) with
+    /// their attributes taken just before and just after it, under nasd's lock of each
+    /// directory: no other call's change to them falls between a reply's pre-op and
+    /// post-op attributes, which a client whose cache matches the pre-op ones takes as
+    /// showing its own change alone (knfsd holds the directories' inode locks the same
+    /// way). Making the change durable comes after, unlocked, so concurrent changes
+    /// still share their syncs.
+    fn change_entries<const N: usize, T>(&self, dirs: [&CachedObject; N], change: impl FnOnce() -> VfsResult<T>) -> VfsResult<(T, [Wcc; N])> {
+        // In address order, each once (a rename within one directory names it twice).
+        let mut order: [usize; N] = std::array::from_fn(|i| i);
+        order.sort_by_key(|&i| dirs[i] as *const CachedObject as usize);
+        let mut locked: [Option<parking_lot::MutexGuard<'_, ()>>; N] = std::array::from_fn(|_| None);
+        for (n, &i) in order.iter().enumerate() {
+            if n == 0 || !std::ptr::eq(dirs[order[n - 1]], dirs[i]) {
+                locked[n] = Some(dirs[i].changing.lock());
+            }
+        }
+        let before: [Option<PreOpAttr>; N] = std::array::from_fn(|i| self.stat(dirs[i]).ok().map(|a| PreOpAttr::from(&a)));
+        let done = change()?;
+        let wcc = std::array::from_fn(|i| Wcc { before: before[i], after: self.stat(dirs[i]).ok() });
+        drop(locked);
+        Ok((done, wcc))
     }
 
     /// Applies ownership, mode and times (not size) under the caller's identity.
@@ -859,8 +884,7 @@ impl LocalFs {
     fn finish_create(
         &self,
         cred: &Cred,
-        dir: &CachedObject,
-        dir_before: &Attr,
+        (dir, dir_before, dir_wcc): (&CachedObject, &Attr, Wcc),
         since: Since,
         name: &CString,
         created: Option<OwnedFd>,
@@ -893,7 +917,7 @@ impl LocalFs {
         }
         let obj = self.cache.insert(id, CachedObject::new(fd));
         self.commit_created(cred, (dir, dir_before, since), (&obj, &attr), inode_changed)?;
-        Ok(Created { obj: id, attr, dir_wcc: self.dir_wcc(dir, dir_before) })
+        Ok(Created { obj: id, attr, dir_wcc })
     }
 
     /// In `sync` mode, makes a new entry durable, and the new object's inode where it
@@ -1151,8 +1175,8 @@ impl Vfs for LocalFs {
                     return Err(VfsError::FBig);
                 }
                 let mode = attrs.mode.unwrap_or(0o644) & 0o7777;
-                match sys::openat(dfd, &c, excl, mode) {
-                    Ok(fd) => self.finish_create(cred, &dobj, &dattr, since, &c, Some(fd), Some(attrs)),
+                match self.change_entries([&*dobj], || sys::openat(dfd, &c, excl, mode)) {
+                    Ok((fd, [wcc])) => self.finish_create(cred, (&dobj, &dattr, wcc), since, &c, Some(fd), Some(attrs)),
                     Err(VfsError::Exist) if matches!(how, CreateHow::Unchecked(_)) => {
                         // UNCHECKED on an existing file opens it, applying only the size.
                         let (id, attr, fd) = self.open_entry(&dobj, &c)?;
@@ -1181,12 +1205,12 @@ impl Vfs for LocalFs {
                 // then fail a retransmitted create of the client's own file.
                 let a = (u32::from_be_bytes(verf[..4].try_into().expect("4")) & 0x7fff_ffff) as i64;
                 let m = (u32::from_be_bytes(verf[4..].try_into().expect("4")) & 0x7fff_ffff) as i64;
-                match sys::openat(dfd, &c, excl, 0) {
-                    Ok(fd) => {
+                match self.change_entries([&*dobj], || sys::openat(dfd, &c, excl, 0)) {
+                    Ok((fd, [wcc])) => {
                         // The verifier lives in atime/mtime until the client's SETATTR.
                         let time = |sec| SetTime::Client(Timespec { sec, nsec: 0 });
                         let verifier = SetAttrs { atime: time(a), mtime: time(m), ..Default::default() };
-                        self.finish_create(cred, &dobj, &dattr, since, &c, Some(fd), Some(&verifier))
+                        self.finish_create(cred, (&dobj, &dattr, wcc), since, &c, Some(fd), Some(&verifier))
                     }
                     Err(VfsError::Exist) => {
                         let (id, attr, fd) = self.open_entry(&dobj, &c)?;
@@ -1212,11 +1236,11 @@ impl Vfs for LocalFs {
         let (dobj, dattr, c) = self.new_entry(cred, dir, name)?;
         let since = self.since(&dobj);
         let mode = attrs.mode.unwrap_or(0o755) & 0o7777;
-        // SAFETY: valid C string and fd.
-        if unsafe { libc::mkdirat(dobj.path_fd.as_raw_fd(), c.as_ptr(), mode) } < 0 {
-            return Err(sys::last_err());
-        }
-        self.finish_create(cred, &dobj, &dattr, since, &c, None, Some(attrs))
+        let ((), [wcc]) = self.change_entries([&*dobj], || {
+            // SAFETY: valid C string and fd.
+            sys::check(unsafe { libc::mkdirat(dobj.path_fd.as_raw_fd(), c.as_ptr(), mode) }).map(drop)
+        })?;
+        self.finish_create(cred, (&dobj, &dattr, wcc), since, &c, None, Some(attrs))
     }
 
     fn symlink(&self, cred: &Cred, dir: &ObjectId, name: &[u8], target: &[u8], attrs: &SetAttrs) -> VfsResult<Created> {
@@ -1227,12 +1251,12 @@ impl Vfs for LocalFs {
             return Err(if target.is_empty() { VfsError::Inval } else { VfsError::NameTooLong });
         }
         let t = CString::new(target).map_err(|_| VfsError::Inval)?;
-        // SAFETY: valid C strings and fd.
-        if unsafe { libc::symlinkat(t.as_ptr(), dobj.path_fd.as_raw_fd(), c.as_ptr()) } < 0 {
-            return Err(sys::last_err());
-        }
+        let ((), [wcc]) = self.change_entries([&*dobj], || {
+            // SAFETY: valid C strings and fd.
+            sys::check(unsafe { libc::symlinkat(t.as_ptr(), dobj.path_fd.as_raw_fd(), c.as_ptr()) }).map(drop)
+        })?;
         let attrs = SetAttrs { mode: None, ..attrs.clone() };
-        self.finish_create(cred, &dobj, &dattr, since, &c, None, Some(&attrs))
+        self.finish_create(cred, (&dobj, &dattr, wcc), since, &c, None, Some(&attrs))
     }
 
     fn mknod(&self, cred: &Cred, dir: &ObjectId, name: &[u8], node: SpecialNode, attrs: &SetAttrs) -> VfsResult<Created> {
@@ -1246,11 +1270,11 @@ impl Vfs for LocalFs {
             SpecialNode::CharDevice(ma, mi) => (libc::S_IFCHR, libc::makedev(ma, mi)),
             SpecialNode::BlockDevice(ma, mi) => (libc::S_IFBLK, libc::makedev(ma, mi)),
         };
-        // SAFETY: valid C string and fd; the kernel enforces CAP_MKNOD for devices.
-        if unsafe { libc::mknodat(dobj.path_fd.as_raw_fd(), c.as_ptr(), kind | perm, dev) } < 0 {
-            return Err(sys::last_err());
-        }
-        self.finish_create(cred, &dobj, &dattr, since, &c, None, Some(attrs))
+        let ((), [wcc]) = self.change_entries([&*dobj], || {
+            // SAFETY: valid C string and fd; the kernel enforces CAP_MKNOD for devices.
+            sys::check(unsafe { libc::mknodat(dobj.path_fd.as_raw_fd(), c.as_ptr(), kind | perm, dev) }).map(drop)
+        })?;
+        self.finish_create(cred, (&dobj, &dattr, wcc), since, &c, None, Some(attrs))
     }
 
     fn remove(&self, cred: &Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<Wcc> {
@@ -1263,12 +1287,9 @@ impl Vfs for LocalFs {
         }
         let c = sys::component(name)?;
         self.evict_name(&dobj, &c);
-        // SAFETY: valid C string and fd.
-        if unsafe { libc::unlinkat(dobj.path_fd.as_raw_fd(), c.as_ptr(), 0) } < 0 {
-            return Err(sys::last_err());
-        }
+        let ((), [wcc]) = self.change_entries([&*dobj], || sys::unlink(&dobj.path_fd, &c, 0))?;
         self.commit_dir(cred, &dobj, &dattr, since)?;
-        Ok(self.dir_wcc(&dobj, &dattr))
+        Ok(wcc)
     }
 
     fn rmdir(&self, cred: &Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<Wcc> {
@@ -1280,12 +1301,9 @@ impl Vfs for LocalFs {
         }
         let c = sys::component(name)?;
         self.evict_name(&dobj, &c);
-        // SAFETY: valid C string and fd.
-        if unsafe { libc::unlinkat(dobj.path_fd.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) } < 0 {
-            return Err(sys::last_err());
-        }
+        let ((), [wcc]) = self.change_entries([&*dobj], || sys::unlink(&dobj.path_fd, &c, libc::AT_REMOVEDIR))?;
         self.commit_dir(cred, &dobj, &dattr, since)?;
-        Ok(self.dir_wcc(&dobj, &dattr))
+        Ok(wcc)
     }
 
     fn rename(&self, cred: &Cred, from_dir: &ObjectId, from: &[u8], to_dir: &ObjectId, to: &[u8]) -> VfsResult<(Wcc, Wcc)> {
@@ -1300,16 +1318,16 @@ impl Vfs for LocalFs {
         let fc = sys::component(from)?;
         let tc = sys::component(to)?;
         self.evict_name(&tobj, &tc);
-        // SAFETY: valid C strings and fds.
-        if unsafe { libc::renameat(fobj.path_fd.as_raw_fd(), fc.as_ptr(), tobj.path_fd.as_raw_fd(), tc.as_ptr()) } < 0 {
-            return Err(sys::last_err());
-        }
+        let ((), [from_wcc, to_wcc]) = self.change_entries([&*fobj, &*tobj], || {
+            // SAFETY: valid C strings and fds.
+            sys::check(unsafe { libc::renameat(fobj.path_fd.as_raw_fd(), fc.as_ptr(), tobj.path_fd.as_raw_fd(), tc.as_ptr()) }).map(drop)
+        })?;
         if fattr.fileid == tattr.fileid {
             self.commit_dir(cred, &tobj, &tattr, tsince)?;
         } else {
             self.commit_dirs(cred, &[(&tobj, &tattr, tsince), (&fobj, &fattr, fsince)])?;
         }
-        Ok((self.dir_wcc(&fobj, &fattr), self.dir_wcc(&tobj, &tattr)))
+        Ok((from_wcc, to_wcc))
     }
 
     fn link(&self, cred: &Cred, id: &ObjectId, dir: &ObjectId, name: &[u8]) -> VfsResult<(Attr, Wcc)> {
@@ -1332,16 +1350,14 @@ impl Vfs for LocalFs {
         // process may link only files it owns or may read and write). Acting as the file's
         // owner lifts that check alone; the directory's permissions, quotas and reserved
         // blocks, immutable files and read-only mounts are the caller's as before.
-        creds::with_owner_override(|| {
-            // SAFETY: valid C strings and fds; following the /proc link names the object itself.
-            let r = unsafe { libc::linkat(libc::AT_FDCWD, src.as_ptr(), dobj.path_fd.as_raw_fd(), c.as_ptr(), libc::AT_SYMLINK_FOLLOW) };
-            if r < 0 {
-                return Err(sys::last_err());
-            }
-            Ok(())
+        let ((), [wcc]) = self.change_entries([&*dobj], || {
+            creds::with_owner_override(|| {
+                // SAFETY: valid C strings and fds; following the /proc link names the object itself.
+                sys::check(unsafe { libc::linkat(libc::AT_FDCWD, src.as_ptr(), dobj.path_fd.as_raw_fd(), c.as_ptr(), libc::AT_SYMLINK_FOLLOW) }).map(drop)
+            })
         })?;
         self.commit_dir(cred, &dobj, &dattr, since)?;
-        Ok((self.stat(&obj)?, self.dir_wcc(&dobj, &dattr)))
+        Ok((self.stat(&obj)?, wcc))
     }
 
     fn readdir(
@@ -1571,6 +1587,48 @@ mod tests {
         let mut past_end = Vec::new();
         let r = fs.read(&Cred::root(), &id, 10, 1 << 20, &mut past_end, Blocking::Allowed).expect("read at the end");
         assert_eq!((r.count, r.eof, past_end.capacity()), (0, true, 0));
+    }
+
+    #[test]
+    fn no_other_change_falls_between_a_replys_pre_op_and_post_op_directory_attributes() {
+        let (_dir, fs) = export();
+        let root = Cred::root();
+        let (d, _) = fs.mkdir(&root, &fs.root(), b"d", &SetAttrs::default()).map(|c| (c.obj, c.attr)).expect("mkdir d");
+        // Two clients changing one directory at once, every kind of entry change.
+        let spans: Vec<(Timespec, Timespec)> = std::thread::scope(|s| {
+            let workers: Vec<_> = [b'a', b'b']
+                .into_iter()
+                .map(|tag| {
+                    let (fs, root) = (fs.clone(), root.clone());
+                    s.spawn(move || {
+                        let mut wccs = Vec::new();
+                        for i in 0..200 {
+                            let name = |suffix: &str| format!("{}{i}{suffix}", tag as char).into_bytes();
+                            let made = fs.create(&root, &d, &name(""), &CreateHow::Guarded(SetAttrs::default())).expect("create");
+                            wccs.push(made.dir_wcc);
+                            wccs.push(fs.link(&root, &made.obj, &d, &name(".link")).expect("link").1);
+                            let (from, to) = fs.rename(&root, &d, &name(".link"), &d, &name(".moved")).expect("rename");
+                            wccs.extend([from, to]);
+                            wccs.push(fs.remove(&root, &d, &name(".moved")).expect("remove"));
+                            wccs.push(fs.mkdir(&root, &d, &name(".dir"), &SetAttrs::default()).expect("mkdir").dir_wcc);
+                            wccs.push(fs.rmdir(&root, &d, &name(".dir")).expect("rmdir"));
+                        }
+                        wccs
+                    })
+                })
+                .collect();
+            workers.into_iter().flat_map(|w| w.join().expect("worker")).map(|w| (w.before.expect("pre-op").ctime, w.after.expect("post-op").ctime)).collect()
+        });
+        // In the order of the changes: by post-op ctime, then pre-op (a file system with
+        // coarse timestamps gives several changes one ctime). A rename within one
+        // directory reports it twice, the same.
+        let spans: Vec<_> = spans.into_iter().map(|(before, after)| (after, before)).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        let changes = spans.len();
+        // Changes one at a time: each reply's pre-op ctime is the post-op ctime of the
+        // change before it. Two changes between one reply's attributes show up as a
+        // pre-op ctime older than the change before it.
+        let interleaved = spans.windows(2).filter(|w| w[1].1 != w[0].0).count();
+        assert_eq!(interleaved, 0, "{interleaved} of {changes} replies had another change between their pre-op and post-op attributes");
     }
 
     #[test]

@@ -12,7 +12,7 @@ pub fn last_err() -> VfsError {
     VfsError::from_errno(errno())
 }
 
-fn check(ret: libc::c_int) -> VfsResult<libc::c_int> {
+pub fn check(ret: libc::c_int) -> VfsResult<libc::c_int> {
     if ret < 0 {
         Err(last_err())
     } else {
@@ -306,6 +306,17 @@ pub fn write_and_wait(fd: &OwnedFd) -> VfsResult<()> {
     let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
     // SAFETY: plain syscall on an owned fd.
     check(unsafe { libc::sync_file_range(fd.as_raw_fd(), 0, 0, flags) }).map(|_| ())
+}
+
+/// Removes a name (`flags`: 0 or `AT_REMOVEDIR`). A name something is mounted on answers
+/// ACCES, as knfsd's `nfsd_unlink` answers an NFSv3 client: `EBUSY` would become IO,
+/// which reads as a failing disk.
+pub fn unlink(dir: &OwnedFd, name: &CStr, flags: libc::c_int) -> VfsResult<()> {
+    // SAFETY: valid C string and fd.
+    if unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), flags) } < 0 {
+        return Err(if errno() == libc::EBUSY { VfsError::Access } else { last_err() });
+    }
+    Ok(())
 }
 
 pub fn fsync(fd: &OwnedFd) -> VfsResult<()> {
