@@ -57,6 +57,8 @@ fn seeds(target: &str) -> Vec<Vec<u8>> {
         .map(|d| d.filter_map(|e| std::fs::read(e.ok()?.path()).ok()).collect())
         .unwrap_or_default();
     v.sort();
+    // A renamed or emptied seed directory would leave only random input, silently.
+    assert!(!v.is_empty(), "no seeds for {target} in {}", dir.display());
     v
 }
 

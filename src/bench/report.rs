@@ -743,13 +743,21 @@ mod tests {
     #[test]
     fn markdown_and_html_render() {
         let r = results();
-        let md = markdown(&r, Some(&r), &[("smoke-bars.png".into(), "bars".into())]);
+        // An earlier report where nasd did 2000 IOPS and Ganesha 2000.
+        let mut earlier = results();
+        for run in &mut earlier.jobs[0].runs {
+            if let Some(f) = run.fio.as_mut() {
+                f.read.iops = 2000.0;
+            }
+        }
+        let md = markdown(&r, Some(&earlier), &[("smoke-bars.png".into(), "bars".into())]);
         assert!(md.contains("| job | unit | nasd | ganesha | local | nasd÷ganesha | nasd÷local |"), "{md}");
         assert!(md.contains("| 4k randread qd1 | IOPS | 3000 | 1500 | error | 2.00× | - |"), "{md}");
         assert!(md.contains("![bars](smoke-bars.png)"));
         assert!(md.contains("fio --name=nasd"));
         assert!(md.contains("Change since the earlier report"));
-        assert!(md.contains("| 4k randread qd1 | nasd | IOPS | 3000 | 3000 | +0.0% |"), "{md}");
+        assert!(md.contains("| 4k randread qd1 | nasd | IOPS | 2000 | 3000 | +50.0% |"), "{md}");
+        assert!(md.contains("| 4k randread qd1 | ganesha | IOPS | 2000 | 1500 | -25.0% |"), "{md}");
         let html = html(&r, None, &[]);
         assert!(html.contains("<th>nasd÷local</th>") && html.contains("<td>2.00×</td>"));
         assert!(!html.contains("Change since"));

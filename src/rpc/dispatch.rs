@@ -308,12 +308,16 @@ mod tests {
     fn a_call_held_up_on_a_runtime_thread_sends_its_procedures_calls_to_threads_for_a_while() {
         let mut metrics = Metrics::new();
         metrics.register(400_000, "flaky", &["NULL", "PANIC", "ECHO", "UNUSED", "WAIT"]);
-        let d = Dispatcher::new(vec![Arc::new(Flaky)], 16, Arc::new(metrics));
+        let mut d = Dispatcher::new(vec![Arc::new(Flaky)], 16, Arc::new(metrics));
+        // Far above HELD_UP, so that a quick call kept off the CPU of a loaded machine for
+        // a while is not taken for a held-up one.
+        const THRESHOLD: std::time::Duration = std::time::Duration::from_millis(400);
+        d.held_up = vec![super::super::held_up::HeldUp::with_threshold(THRESHOLD)];
         let (peer, local) = (PEER.parse().unwrap(), "127.0.0.1:2049".parse().unwrap());
         let inline = |xid, procedure, arg| d.try_handle_inline(&call(xid, procedure, &[arg]), peer, local, Transport::Tcp);
         assert!(matches!(inline(1, 4, 0), Handled::Done(Some(_))), "a quick call runs on the runtime thread");
         assert!(matches!(inline(2, 4, 0), Handled::Done(Some(_))), "and so does the next");
-        let held_up = super::super::held_up::HELD_UP.as_millis() as u32 + 5;
+        let held_up = THRESHOLD.as_millis() as u32 + 5;
         assert!(matches!(inline(3, 4, held_up), Handled::Done(Some(_))), "the held-up call itself is answered");
         assert!(matches!(inline(4, 4, 0), Handled::NeedsThread), "the next call of that procedure goes to a thread");
         assert!(matches!(inline(5, 2, 1), Handled::Done(Some(_))), "other procedures stay on the runtime thread");

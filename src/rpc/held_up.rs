@@ -27,15 +27,22 @@ pub struct HeldUp {
     epoch: Instant,
     /// Milliseconds since `epoch` until which the procedure's calls go to threads that may wait.
     until_ms: [AtomicU64; PROCEDURES],
+    /// [`HELD_UP`], but for tests on a loaded machine.
+    threshold: Duration,
 }
 
 impl Default for HeldUp {
     fn default() -> Self {
-        Self { epoch: Instant::now(), until_ms: std::array::from_fn(|_| AtomicU64::new(0)) }
+        Self::with_threshold(HELD_UP)
     }
 }
 
 impl HeldUp {
+    /// Calls that take `threshold` or longer count as held up.
+    pub fn with_threshold(threshold: Duration) -> Self {
+        Self { epoch: Instant::now(), until_ms: std::array::from_fn(|_| AtomicU64::new(0)), threshold }
+    }
+
     /// Whether a call of `procedure` arriving at `now` should run where it may wait.
     pub fn held_up(&self, procedure: u32, now: Instant) -> bool {
         self.held_up_at(procedure, self.ms(now))
@@ -60,7 +67,7 @@ impl HeldUp {
     }
 
     fn took_at(&self, procedure: u32, elapsed: Duration, now_ms: u64) -> bool {
-        if elapsed < HELD_UP {
+        if elapsed < self.threshold {
             return false;
         }
         self.slot(procedure).fetch_max(now_ms + BACK_OFF.as_millis() as u64, Ordering::Relaxed);

@@ -93,7 +93,9 @@ def test_readdir_while_creating(srv, big_dir):
     creator = nfsh_popen(srv.url(), "create-loop", "/big", CONCURRENT_CREATES)
     try:
         time.sleep(0.05)
+        listing_began = time.monotonic()
         res = nfsh(srv.url(), "readdir", "/big", "--names", check=False, timeout=180)
+        listing_ended = time.monotonic()
         c_out, c_err = creator.communicate(timeout=120)
     finally:
         if creator.poll() is None:
@@ -102,6 +104,10 @@ def test_readdir_while_creating(srv, big_dir):
     assert creator.returncode == 0, c_err
     created = parse_lines(c_out)[-1]
     assert created.get("ops") == CONCURRENT_CREATES, created
+    # The listing ran while files were being created (one clock: CLOCK_MONOTONIC), or
+    # this test checked a quiet directory.
+    assert created["started"] < listing_ended and listing_began < created["ended"], \
+        (created, listing_began, listing_ended)
     names = res["names"]
     seen = Counter(names)
     dup_orig = sorted(n for n in originals if seen.get(n, 0) > 1)
