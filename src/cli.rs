@@ -240,6 +240,30 @@ fn single_dir_exports(dir: &std::path::Path, args: &ServeArgs) -> anyhow::Result
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logging(&args.log);
     let config = build_config(&args)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .max_blocking_threads(64)
+        .thread_name("nasd")
+        .build()?;
+    // With an exports file, SIGHUP reads it again. Caught before the file is first read
+    // and the exports open, which can take a while: a SIGHUP meanwhile (a reload right
+    // after a start) must not take its default action, ending nasd. Serving a directory
+    // named on the command line, nasd keeps that action, as commands run in a terminal
+    // do.
+    let reload_from = if args.dir.is_none() { config.exports.clone() } else { None };
+    let hangup = match &reload_from {
+        Some(_) => {
+            let _in_runtime = runtime.enter();
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+                Ok(hangup) => Some(hangup),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no SIGHUP handler: the exports file is read only at start");
+                    None
+                }
+            }
+        }
+        None => None,
+    };
     let table = match (&args.dir, &config.exports) {
         (Some(dir), _) => single_dir_exports(dir, &args)?,
         (None, Some(file)) => load_exports_file(file)?,
@@ -248,30 +272,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // New files get exactly the mode the client asked for.
     // SAFETY: umask has no preconditions.
     unsafe { libc::umask(0) };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .max_blocking_threads(64)
-        .thread_name("nasd")
-        .build()?;
-    let reload_from = if args.dir.is_none() { config.exports.clone() } else { None };
     runtime.block_on(async move {
-        use tokio::signal::unix::{signal, SignalKind};
-        // Caught before the exports open, which takes a while: a SIGHUP meanwhile (a
-        // reload right after a start) must not take its default action, ending nasd.
-        let hangup = signal(SignalKind::hangup());
         let server = Server::bind(&config, table).await?;
-        match (hangup, reload_from) {
-            (Ok(hangup), Some(file)) => {
-                tokio::spawn(reload_exports_on_hangup(hangup, server.reloader(), file));
-            }
-            (Ok(mut hangup), None) => {
-                tokio::spawn(async move {
-                    while hangup.recv().await.is_some() {
-                        tracing::warn!("SIGHUP ignored: nasd serves the directory named on its command line, with no exports file to read again");
-                    }
-                });
-            }
-            (Err(e), _) => tracing::warn!(error = %e, "no SIGHUP handler: the exports are read only at start"),
+        if let (Some(hangup), Some(file)) = (hangup, reload_from) {
+            tokio::spawn(reload_exports_on_hangup(hangup, server.reloader(), file));
         }
         server.run(shutdown_signal()).await
     })

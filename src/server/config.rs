@@ -90,8 +90,11 @@ impl Limits {
     /// Refuses limits a client could not work with: FSINFO offers 1 MiB WRITEs, and a
     /// record longer than `max_record_bytes` closes the connection, so a smaller limit
     /// would make the Linux client retransmit the same WRITE forever.
-    /// Refuses zeros where they would stop the server (no call ever admitted, every
-    /// connection closed at once); the two timeouts that may be 0 say what 0 means.
+    ///
+    /// Refuses zeros where they mean nothing useful: no call ever admitted, every
+    /// connection closed at once, a cache of no replies. The two limits where 0 means
+    /// something (`stall_timeout_secs`: never; `open_object_idle_secs`: only when full)
+    /// take it.
     pub fn check(&self) -> Result<(), String> {
         for (name, value) in [
             ("max_connections", self.max_connections as u64),
@@ -102,7 +105,7 @@ impl Limits {
             ("write_timeout_secs", self.write_timeout_secs),
         ] {
             if value == 0 {
-                return Err(format!("{name} = 0 would stop the server from answering: it must be at least 1"));
+                return Err(format!("{name} = 0 is refused: it must be at least 1"));
             }
         }
         if self.max_record_bytes < LARGEST_CALL {

@@ -159,20 +159,3 @@ def test_an_export_whose_directory_is_missing_is_left_out_and_the_rest_reloaded(
         assert c.create(root, "f").ok, "the change to the export that exists was applied"
         assert c.mnt(str(gone)).status != rpc.MNT3_OK
 
-
-def test_sighup_to_a_server_of_one_directory_is_logged_and_ignored(tmp_path):
-    """`nasd serve DIR` has no exports file to read again: SIGHUP (a service manager's
-    reload) must not end it, as the signal's default action would."""
-    export = make_export(tmp_path)
-    (export / "f").write_bytes(b"still here")
-    with Nasd(export, args=["--no-root-squash"]) as n:
-        os.kill(n.pid, signal.SIGHUP)
-        deadline = time.monotonic() + 10
-        while "SIGHUP ignored" not in n.log() and time.monotonic() < deadline:
-            n.check_alive()
-            time.sleep(0.05)
-        n.check_alive()
-        assert "SIGHUP ignored" in n.log()
-        with Nfs3Client(n.host, n.port, cred=ROOT) as c:
-            root = c.root(n.export_dir)
-            assert c.read(c.lookup(root, "f").fh).data == b"still here"

@@ -31,9 +31,6 @@ pub struct CachedObject {
     pub path_fd: OwnedFd,
     pub io_fds: Mutex<IoFds>,
     pub sync: SyncGroup,
-    /// Held by a change of a directory's entries from its pre-op to its post-op
-    /// attributes ([`LocalFs::change_entries`]).
-    pub changing: Mutex<()>,
     /// Used since the last sweep ([`sweep_idle`]).
     used: AtomicBool,
     /// When its place in the export was last checked ([`clock_ms`]).
@@ -67,7 +64,6 @@ impl CachedObject {
             path_fd,
             io_fds: Mutex::new(IoFds::default()),
             sync: SyncGroup::default(),
-            changing: Mutex::new(()),
             used: AtomicBool::new(true),
             place_checked_ms: AtomicU64::new(clock_ms()),
         })

@@ -231,6 +231,11 @@ pub struct LocalFs {
     cache: ObjectCache,
     /// Handles of inodes seen before, so listing them again costs no `name_to_handle_at`.
     handles: HandleCache,
+    /// Held by a change of a directory's entries from its pre-op to its post-op
+    /// attributes ([`Self::change_entries`]), one per directory inode number modulo their
+    /// count: keyed by inode, not by cached object, which the cache may drop and open
+    /// again while a call still holds the old one.
+    entry_locks: Box<[parking_lot::Mutex<()>]>,
     /// Directory listings in progress, left open where their last reply ended.
     dir_streams: DirStreams,
     /// Descriptors leaving the cache being checked for writeback errors.
@@ -254,6 +259,10 @@ const LOOK_AHEAD_MAX_AGE: std::time::Duration = std::time::Duration::from_millis
 /// Handles are small (about 100 bytes cached) and every listed entry has one: the handle
 /// cache holds this many for every open object the object cache may hold.
 const HANDLES_PER_OPEN_OBJECT: usize = 16;
+
+/// Locks of directories' entry changes ([`LocalFs::change_entries`]): two directories
+/// share one only when their inode numbers agree modulo this.
+const ENTRY_LOCKS: usize = 256;
 
 /// Stable writes of at least this size start their writeback before the group fsync.
 const EARLY_WRITEBACK_MIN: usize = 64 * 1024;
@@ -425,6 +434,7 @@ impl LocalFs {
             verifier,
             cache: ObjectCache::new(cfg.cache_capacity),
             handles: HandleCache::new(cfg.cache_capacity.saturating_mul(HANDLES_PER_OPEN_OBJECT)),
+            entry_locks: (0..ENTRY_LOCKS).map(|_| parking_lot::Mutex::new(())).collect(),
             dir_streams: DirStreams::default(),
             close_checks: close_check::CloseChecks::default(),
             no_nowait_writes: AtomicBool::new(false),
@@ -830,33 +840,36 @@ impl LocalFs {
         sys::pwrite(fd, data, offset, 0)
     }
 
-    /// The wcc data of a directory a call looked at but did not change.
-    fn dir_wcc(&self, dir: &CachedObject, before: &Attr) -> Wcc {
-        Wcc { before: Some(PreOpAttr::from(before)), after: self.stat(dir).ok() }
-    }
-
-    /// Runs `change` of the entries of `dirs` (one directory, or a rename's two) with
-    /// their attributes taken just before and just after it, under nasd's lock of each
-    /// directory: no other call's change to them falls between a reply's pre-op and
-    /// post-op attributes, which a client whose cache matches the pre-op ones takes as
-    /// showing its own change alone (knfsd holds the directories' inode locks the same
-    /// way). Making the change durable comes after, unlocked, so concurrent changes
-    /// still share their syncs.
-    fn change_entries<const N: usize, T>(&self, dirs: [&CachedObject; N], change: impl FnOnce() -> VfsResult<T>) -> VfsResult<(T, [Wcc; N])> {
-        // In address order, each once (a rename within one directory names it twice).
-        let mut order: [usize; N] = std::array::from_fn(|i| i);
-        order.sort_by_key(|&i| dirs[i] as *const CachedObject as usize);
+    /// Runs `change` of the entries of `dirs` (one directory, or a rename's two; each
+    /// with its inode number) with their attributes taken just before and just after it,
+    /// under nasd's lock of each directory: no other call's change to them falls between
+    /// a reply's pre-op and post-op attributes, which a client whose cache matches the
+    /// pre-op ones takes as showing its own change alone (knfsd holds the directories'
+    /// inode locks the same way). Making the change durable comes after, unlocked, so
+    /// concurrent changes still share their syncs. Programs on the server are not held
+    /// off.
+    fn change_entries<const N: usize, T>(&self, dirs: [(&CachedObject, u64); N], change: impl FnOnce() -> VfsResult<T>) -> VfsResult<(T, [Wcc; N])> {
+        // In lock order, each lock once (a rename within one directory names it twice).
+        let mut slots: [usize; N] = std::array::from_fn(|i| (dirs[i].1 % ENTRY_LOCKS as u64) as usize);
+        slots.sort_unstable();
         let mut locked: [Option<parking_lot::MutexGuard<'_, ()>>; N] = std::array::from_fn(|_| None);
-        for (n, &i) in order.iter().enumerate() {
-            if n == 0 || !std::ptr::eq(dirs[order[n - 1]], dirs[i]) {
-                locked[n] = Some(dirs[i].changing.lock());
+        for (n, &slot) in slots.iter().enumerate() {
+            if n == 0 || slots[n - 1] != slot {
+                locked[n] = Some(self.entry_locks[slot].lock());
             }
         }
-        let before: [Option<PreOpAttr>; N] = std::array::from_fn(|i| self.stat(dirs[i]).ok().map(|a| PreOpAttr::from(&a)));
+        let before: [Option<PreOpAttr>; N] = std::array::from_fn(|i| self.stat(dirs[i].0).ok().map(|a| PreOpAttr::from(&a)));
         let done = change()?;
-        let wcc = std::array::from_fn(|i| Wcc { before: before[i], after: self.stat(dirs[i]).ok() });
+        let wcc = std::array::from_fn(|i| Wcc { before: before[i], after: self.stat(dirs[i].0).ok() });
         drop(locked);
         Ok((done, wcc))
+    }
+
+    /// The wcc data of a directory a call looked at but did not change, taken as
+    /// [`Self::change_entries`] takes it.
+    fn unchanged_dir_wcc(&self, dir: &CachedObject, fileid: u64) -> VfsResult<Wcc> {
+        let ((), [wcc]) = self.change_entries([(dir, fileid)], || Ok(()))?;
+        Ok(wcc)
     }
 
     /// Applies ownership, mode and times (not size) under the caller's identity.
@@ -950,6 +963,15 @@ impl LocalFs {
             return Err(VfsError::Exist);
         }
         Ok((dobj, dattr, sys::component(name)?))
+    }
+
+    /// A reference to what `name` in `dir` is now, if anything, for a call about to
+    /// remove or replace it: the last reference to a file may free all its blocks (a
+    /// large file's take seconds), and dropped after the change that goes outside the
+    /// directory's entry lock, as the kernel's own unlink drops its last reference
+    /// after unlocking the directory.
+    fn hold_name(&self, dir: &CachedObject, name: &CString) -> Option<OwnedFd> {
+        sys::openat(dir.path_fd.as_raw_fd(), name, libc::O_PATH | libc::O_NOFOLLOW, 0).ok()
     }
 
     fn evict_name(&self, dir: &CachedObject, name: &CString) {
@@ -1175,7 +1197,7 @@ impl Vfs for LocalFs {
                     return Err(VfsError::FBig);
                 }
                 let mode = attrs.mode.unwrap_or(0o644) & 0o7777;
-                match self.change_entries([&*dobj], || sys::openat(dfd, &c, excl, mode)) {
+                match self.change_entries([(&*dobj, dattr.fileid)], || sys::openat(dfd, &c, excl, mode)) {
                     Ok((fd, [wcc])) => self.finish_create(cred, (&dobj, &dattr, wcc), since, &c, Some(fd), Some(attrs)),
                     Err(VfsError::Exist) if matches!(how, CreateHow::Unchecked(_)) => {
                         // UNCHECKED on an existing file opens it, applying only the size.
@@ -1194,7 +1216,7 @@ impl Vfs for LocalFs {
                         // Another client's create of this name may still be syncing: the
                         // file this reply speaks of must be durable too.
                         self.commit_dir(cred, &dobj, &dattr, since)?;
-                        Ok(Created { obj: id, attr, dir_wcc: self.dir_wcc(&dobj, &dattr) })
+                        Ok(Created { obj: id, attr, dir_wcc: self.unchanged_dir_wcc(&dobj, dattr.fileid)? })
                     }
                     Err(e) => Err(e),
                 }
@@ -1205,7 +1227,7 @@ impl Vfs for LocalFs {
                 // then fail a retransmitted create of the client's own file.
                 let a = (u32::from_be_bytes(verf[..4].try_into().expect("4")) & 0x7fff_ffff) as i64;
                 let m = (u32::from_be_bytes(verf[4..].try_into().expect("4")) & 0x7fff_ffff) as i64;
-                match self.change_entries([&*dobj], || sys::openat(dfd, &c, excl, 0)) {
+                match self.change_entries([(&*dobj, dattr.fileid)], || sys::openat(dfd, &c, excl, 0)) {
                     Ok((fd, [wcc])) => {
                         // The verifier lives in atime/mtime until the client's SETATTR.
                         let time = |sec| SetTime::Client(Timespec { sec, nsec: 0 });
@@ -1223,7 +1245,7 @@ impl Vfs for LocalFs {
                         // A resend after a restart may find a create whose sync never ended.
                         let obj = self.cache.insert(id, CachedObject::new(fd));
                         self.commit_created(cred, (&dobj, &dattr, since), (&obj, &attr), true)?;
-                        Ok(Created { obj: id, attr, dir_wcc: self.dir_wcc(&dobj, &dattr) })
+                        Ok(Created { obj: id, attr, dir_wcc: self.unchanged_dir_wcc(&dobj, dattr.fileid)? })
                     }
                     Err(e) => Err(e),
                 }
@@ -1236,7 +1258,7 @@ impl Vfs for LocalFs {
         let (dobj, dattr, c) = self.new_entry(cred, dir, name)?;
         let since = self.since(&dobj);
         let mode = attrs.mode.unwrap_or(0o755) & 0o7777;
-        let ((), [wcc]) = self.change_entries([&*dobj], || {
+        let ((), [wcc]) = self.change_entries([(&*dobj, dattr.fileid)], || {
             // SAFETY: valid C string and fd.
             sys::check(unsafe { libc::mkdirat(dobj.path_fd.as_raw_fd(), c.as_ptr(), mode) }).map(drop)
         })?;
@@ -1251,7 +1273,7 @@ impl Vfs for LocalFs {
             return Err(if target.is_empty() { VfsError::Inval } else { VfsError::NameTooLong });
         }
         let t = CString::new(target).map_err(|_| VfsError::Inval)?;
-        let ((), [wcc]) = self.change_entries([&*dobj], || {
+        let ((), [wcc]) = self.change_entries([(&*dobj, dattr.fileid)], || {
             // SAFETY: valid C strings and fd.
             sys::check(unsafe { libc::symlinkat(t.as_ptr(), dobj.path_fd.as_raw_fd(), c.as_ptr()) }).map(drop)
         })?;
@@ -1270,7 +1292,7 @@ impl Vfs for LocalFs {
             SpecialNode::CharDevice(ma, mi) => (libc::S_IFCHR, libc::makedev(ma, mi)),
             SpecialNode::BlockDevice(ma, mi) => (libc::S_IFBLK, libc::makedev(ma, mi)),
         };
-        let ((), [wcc]) = self.change_entries([&*dobj], || {
+        let ((), [wcc]) = self.change_entries([(&*dobj, dattr.fileid)], || {
             // SAFETY: valid C string and fd; the kernel enforces CAP_MKNOD for devices.
             sys::check(unsafe { libc::mknodat(dobj.path_fd.as_raw_fd(), c.as_ptr(), kind | perm, dev) }).map(drop)
         })?;
@@ -1287,7 +1309,9 @@ impl Vfs for LocalFs {
         }
         let c = sys::component(name)?;
         self.evict_name(&dobj, &c);
-        let ((), [wcc]) = self.change_entries([&*dobj], || sys::unlink(&dobj.path_fd, &c, 0))?;
+        let doomed = self.hold_name(&dobj, &c);
+        let ((), [wcc]) = self.change_entries([(&*dobj, dattr.fileid)], || sys::unlink(&dobj.path_fd, &c, 0))?;
+        drop(doomed);
         self.commit_dir(cred, &dobj, &dattr, since)?;
         Ok(wcc)
     }
@@ -1301,7 +1325,7 @@ impl Vfs for LocalFs {
         }
         let c = sys::component(name)?;
         self.evict_name(&dobj, &c);
-        let ((), [wcc]) = self.change_entries([&*dobj], || sys::unlink(&dobj.path_fd, &c, libc::AT_REMOVEDIR))?;
+        let ((), [wcc]) = self.change_entries([(&*dobj, dattr.fileid)], || sys::unlink(&dobj.path_fd, &c, libc::AT_REMOVEDIR))?;
         self.commit_dir(cred, &dobj, &dattr, since)?;
         Ok(wcc)
     }
@@ -1318,10 +1342,12 @@ impl Vfs for LocalFs {
         let fc = sys::component(from)?;
         let tc = sys::component(to)?;
         self.evict_name(&tobj, &tc);
-        let ((), [from_wcc, to_wcc]) = self.change_entries([&*fobj, &*tobj], || {
+        let replaced = self.hold_name(&tobj, &tc);
+        let ((), [from_wcc, to_wcc]) = self.change_entries([(&*fobj, fattr.fileid), (&*tobj, tattr.fileid)], || {
             // SAFETY: valid C strings and fds.
             sys::check(unsafe { libc::renameat(fobj.path_fd.as_raw_fd(), fc.as_ptr(), tobj.path_fd.as_raw_fd(), tc.as_ptr()) }).map(drop)
         })?;
+        drop(replaced);
         if fattr.fileid == tattr.fileid {
             self.commit_dir(cred, &tobj, &tattr, tsince)?;
         } else {
@@ -1350,7 +1376,7 @@ impl Vfs for LocalFs {
         // process may link only files it owns or may read and write). Acting as the file's
         // owner lifts that check alone; the directory's permissions, quotas and reserved
         // blocks, immutable files and read-only mounts are the caller's as before.
-        let ((), [wcc]) = self.change_entries([&*dobj], || {
+        let ((), [wcc]) = self.change_entries([(&*dobj, dattr.fileid)], || {
             creds::with_owner_override(|| {
                 // SAFETY: valid C strings and fds; following the /proc link names the object itself.
                 sys::check(unsafe { libc::linkat(libc::AT_FDCWD, src.as_ptr(), dobj.path_fd.as_raw_fd(), c.as_ptr(), libc::AT_SYMLINK_FOLLOW) }).map(drop)

@@ -481,8 +481,10 @@ static int cmd_readdir(char **a, int argc)
 	size_t dups = 0;
 	printf("{\"ok\":true,\"dir\":");
 	json_str(stdout, d);
-	printf(",\"count\":%zu,\"dot_entries\":%zu,\"seconds\":%.6f,\"duplicates\":[",
-	       n, dots, secs);
+	/* started/ended: CLOCK_MONOTONIC, as the loops' (print_loop) */
+	printf(",\"count\":%zu,\"dot_entries\":%zu,\"seconds\":%.6f,"
+	       "\"started\":%.6f,\"ended\":%.6f,\"duplicates\":[",
+	       n, dots, secs, t0, t0 + secs);
 	for (size_t i = 1; i < n; i++) {
 		if (!strcmp(v[i], v[i - 1]) && (i < 2 || strcmp(v[i], v[i - 2]))) {
 			if (dups < 100) {
