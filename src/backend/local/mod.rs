@@ -965,10 +965,10 @@ impl LocalFs {
         Ok((dobj, dattr, sys::component(name)?))
     }
 
-    /// A reference to what `name` in `dir` is now, if anything, for a call about to
-    /// remove or replace it: the last reference to a file may free all its blocks (a
-    /// large file's take seconds), and dropped after the change that goes outside the
-    /// directory's entry lock, as the kernel's own unlink drops its last reference
+    /// A reference to what `name` in `dir` is now, if anything, held by a call that
+    /// removes or replaces it until the directory's entry lock is released: dropping the
+    /// last reference to a file frees its blocks (seconds for a large file), which then
+    /// happens outside the lock, as the kernel's own unlink drops its last reference
     /// after unlocking the directory.
     fn hold_name(&self, dir: &CachedObject, name: &CString) -> Option<OwnedFd> {
         sys::openat(dir.path_fd.as_raw_fd(), name, libc::O_PATH | libc::O_NOFOLLOW, 0).ok()
