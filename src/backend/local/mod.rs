@@ -15,7 +15,7 @@ mod sys;
 
 use crate::vfs::*;
 use cache::{CachedObject, HandleCache, InodeKey, ObjectCache};
-use dirstream::{DirStream, DirStreams, EntryStat, LookAhead, StatBatch};
+use dirstream::{DirStream, DirStreams, EntryStat, ListingHelpers, LookAhead, StatBatch};
 use std::ffi::{CStr, CString};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use sync::{SyncGroup, SyncKind, SyncTicket};
@@ -26,19 +26,14 @@ use std::sync::{Arc, Weak};
 
 /// Threads that share the `statx` calls of READDIRPLUS batches with the thread serving the
 /// call: one fewer than the cores, none on one core.
-fn listing_helpers() -> Option<&'static rayon::ThreadPool> {
-    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+fn listing_helpers() -> Option<&'static ListingHelpers> {
+    static POOL: std::sync::OnceLock<Option<ListingHelpers>> = std::sync::OnceLock::new();
     POOL.get_or_init(|| {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         if cores < 2 {
             return None;
         }
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(cores - 1)
-            .thread_name(|i| format!("nasd-listing-{i}"))
-            .build()
-            .map_err(|e| tracing::warn!(error = %e, "no helper threads for directory listings"))
-            .ok()
+        ListingHelpers::start(cores - 1).map_err(|e| tracing::warn!(error = %e, "no helper threads for directory listings")).ok()
     })
     .as_ref()
 }
@@ -1410,7 +1405,7 @@ impl Vfs for LocalFs {
                 // Start small and grow: the kernel fills the whole buffer, and a reply often
                 // takes far fewer entries than 32 KiB of dirents (libnfs asks for 8 KiB
                 // replies).
-                DirStream { fd: Arc::new(fd), buf: vec![0u8; 4 * 1024], pos: 0, len: 0, ahead: None }
+                DirStream { fd: Arc::new(fd), buf: vec![0u8; 4 * 1024], pos: 0, len: 0, ahead: None, last_taken: None }
             }
         };
         let at_root = self.is_root(&dattr);
@@ -1428,13 +1423,19 @@ impl Vfs for LocalFs {
             }
             fresh.then_some(a.batch)
         });
-        let mut last_cookie = None;
+        let (mut last_cookie, mut taken) = (None, 0usize);
+        // The look-ahead begun by this call for the next one, and where in `buf` it begins.
+        let mut next: Option<(LookAhead, usize)> = None;
         // Entries are taken in batches of what the reply can hold, so that the `statx`
         // calls of one batch can be shared between threads and few are made for entries
         // the reply then has no room for.
         let mut want = max_entries.max(1);
         loop {
             if stream.pos == stream.len {
+                // This reply took every entry the buffer held, those looked at ahead too.
+                if let Some((a, _)) = next.take() {
+                    a.batch.abandon();
+                }
                 let n = sys::getdents(&stream.fd, &mut stream.buf)?;
                 if n == 0 {
                     return Ok(ReadDirEnd { eof: true, dir_attr: dattr });
@@ -1445,6 +1446,14 @@ impl Vfs for LocalFs {
                 }
             }
             let batch: Vec<sys::RawDirent<'_>> = sys::parse_dirents(&stream.buf[stream.pos..stream.len]).take(want).collect();
+            if plus && taken == 0 && next.is_none() {
+                // Look at the entries after where this reply will most likely end (where
+                // the last one from this stream did) while this one is made: the helper
+                // then has this call's time as well as the client's to finish them.
+                let expect = stream.last_taken.unwrap_or(batch.len()).min(batch.len());
+                let from = stream.pos + batch[..expect].iter().map(|e| e.reclen).sum::<usize>();
+                next = self.look_ahead(cred, &stream, from, at_root, max_entries, dir_times).map(|a| (a, from));
+            }
             let stats = if plus { self.batch_stats(cred, &stream.fd, at_root, &batch, ahead.take()) } else { Vec::new() };
             let mut stats = stats.into_iter();
             let mut reply_full = false;
@@ -1459,16 +1468,33 @@ impl Vfs for LocalFs {
                     reply_full = true;
                     break;
                 }
-                last_cookie = Some(ent.off);
+                (last_cookie, taken) = (Some(ent.off), taken + 1);
                 stream.pos += ent.reclen;
             }
             if reply_full {
-                if let Some(c) = last_cookie {
-                    if plus {
-                        stream.ahead = self.look_ahead(cred, &stream, at_root, max_entries, dir_times);
+                let Some(c) = last_cookie else {
+                    if let Some((a, _)) = next {
+                        a.batch.abandon();
                     }
-                    self.dir_streams.park(*dir, c, cred, dir_times, stream);
+                    return Ok(ReadDirEnd { eof: false, dir_attr: dattr });
+                };
+                if plus {
+                    stream.ahead = match next {
+                        // The reply ended where expected or before: the next call's
+                        // entries from `from` on are being looked at.
+                        Some((a, from)) if from >= stream.pos => Some(a),
+                        // It took entries the look-ahead began with: start again where it
+                        // ended.
+                        other => {
+                            if let Some((a, _)) = other {
+                                a.batch.abandon();
+                            }
+                            self.look_ahead(cred, &stream, stream.pos, at_root, max_entries, dir_times)
+                        }
+                    };
                 }
+                stream.last_taken = Some(taken);
+                self.dir_streams.park(*dir, c, cred, dir_times, stream);
                 return Ok(ReadDirEnd { eof: false, dir_attr: dattr });
             }
             if batch.len() < want {
@@ -1532,40 +1558,52 @@ impl LocalFs {
     }
 
     /// Handles and attributes of a batch of listed entries (`None` where there are none to
-    /// give), in order: from `ahead` as far as it covers the batch, the rest looked at now,
-    /// shared with a helper thread when the batch is worth it. The client waits for the
+    /// give), in order: from `ahead` where it covers the batch, the entries before and after
+    /// it looked at now, shared with a helper thread when worth it. The client waits for the
     /// whole reply, so the `statx` calls are its latency, and while one client lists the
     /// other core is otherwise idle.
     fn batch_stats(&self, cred: &Cred, fd: &Arc<OwnedFd>, at_root: bool, batch: &[sys::RawDirent<'_>], ahead: Option<Arc<StatBatch>>) -> Vec<EntryStat> {
         let stat = |c: &CStr| self.entry_plus(fd, c);
-        let mut stats = Vec::with_capacity(batch.len());
-        if let Some(ahead) = ahead {
-            let covered = ahead.len().min(batch.len());
-            if (0..covered).all(|i| ahead.name(i) == Self::name_to_stat(&batch[i], at_root)) {
-                stats = ahead.join(stat);
-                stats.truncate(covered);
-            } else {
-                ahead.abandon();
+        let now = |entries: &[sys::RawDirent<'_>]| {
+            if entries.is_empty() {
+                return Vec::new();
             }
-        }
-        let rest = &batch[stats.len()..];
-        if rest.is_empty() {
-            return stats;
-        }
-        let now = StatBatch::new(rest.iter().map(|e| Self::name_to_stat(e, at_root)));
-        if rest.len() >= PARALLEL_PLUS_BATCH {
-            self.share(cred, fd, &now);
-        }
-        stats.extend(now.join(stat));
+            let now = StatBatch::new(entries.iter().map(|e| Self::name_to_stat(e, at_root)));
+            if entries.len() >= PARALLEL_PLUS_BATCH {
+                self.share(cred, fd, &now);
+            }
+            now.join(stat)
+        };
+        // The look-ahead began where the previous reply was expected to end; that reply may
+        // have ended a few entries earlier, which are then looked at now. Names are unique
+        // in a directory, so its first one places it.
+        let placed = ahead.and_then(|ahead| {
+            let first = ahead.name(0);
+            let start = first.and_then(|f| batch.iter().position(|e| Self::name_to_stat(e, at_root) == Some(f)));
+            let covered = start.map_or(0, |k| ahead.len().min(batch.len() - k));
+            match start {
+                Some(k) if (0..covered).all(|i| ahead.name(i) == Self::name_to_stat(&batch[k + i], at_root)) => Some((ahead, k, covered)),
+                _ => {
+                    ahead.abandon();
+                    None
+                }
+            }
+        });
+        let Some((ahead, start, covered)) = placed else { return now(batch) };
+        let mut stats = now(&batch[..start]);
+        let mut looked = ahead.join(stat);
+        looked.truncate(covered);
+        stats.extend(looked);
+        stats.extend(now(&batch[start + covered..]));
         stats
     }
 
     /// Starts looking at the entries the call continuing `stream` will most likely list
-    /// (the next `count` in its buffer), on a helper thread, while the client reads the
-    /// reply just made.
-    fn look_ahead(&self, cred: &Cred, stream: &DirStream, at_root: bool, count: usize, dir_times: (Timespec, Timespec)) -> Option<LookAhead> {
+    /// (the `count` in its buffer from byte `from` on), on a helper thread, while the
+    /// reply to this call is made and the client reads it.
+    fn look_ahead(&self, cred: &Cred, stream: &DirStream, from: usize, at_root: bool, count: usize, dir_times: (Timespec, Timespec)) -> Option<LookAhead> {
         listing_helpers()?;
-        let next: Vec<sys::RawDirent<'_>> = sys::parse_dirents(&stream.buf[stream.pos..stream.len]).take(count).collect();
+        let next: Vec<sys::RawDirent<'_>> = sys::parse_dirents(stream.buf.get(from..stream.len)?).take(count).collect();
         if next.len() < PARALLEL_PLUS_BATCH {
             return None;
         }
@@ -1961,25 +1999,30 @@ mod tests {
         }
     }
 
-    /// Lists one reply of 37 entries of a fresh export holding 200 empty files, lets the
+    /// Lists two replies of 37 entries of a fresh export holding 200 empty files, lets the
     /// look-ahead of the next reply finish, runs `between`, and returns the sizes of the
     /// files `f*` in the next reply; `None` if that took too long for the look-ahead to
-    /// stay usable.
+    /// stay usable. The first reply takes one entry fewer than it was offered, so the
+    /// look-ahead the second begins where the first ended covers the third reply only
+    /// if it begins where the second is expected to end, not where its offer ended.
     fn sizes_in_next_reply_after(between: impl FnOnce(&Path, &LocalFs)) -> Option<Vec<u64>> {
         let (dir, fs) = export();
         for i in 0..200 {
             std::fs::write(dir.path().join(format!("f{i:03}")), b"").expect("create");
         }
         let root = fs.root();
-        let (mut cookie, mut taken) = (0, 0);
-        fs.readdir(&Cred::root(), &root, 0, true, 38, &mut |e: DirEntry<'_>| {
-            if taken == 37 {
-                return false;
-            }
-            (taken, cookie) = (taken + 1, e.cookie);
-            true
-        })
-        .expect("readdir");
+        let mut cookie = 0;
+        for _ in 0..2 {
+            let mut taken = 0;
+            fs.readdir(&Cred::root(), &root, cookie, true, 38, &mut |e: DirEntry<'_>| {
+                if taken == 37 {
+                    return false;
+                }
+                (taken, cookie) = (taken + 1, e.cookie);
+                true
+            })
+            .expect("readdir");
+        }
         let begun = std::time::Instant::now();
         std::thread::sleep(std::time::Duration::from_millis(20));
         between(dir.path(), &fs);
