@@ -59,10 +59,10 @@ pub struct LookAhead {
 }
 
 /// Threads that share the `statx` calls of READDIRPLUS batches with the threads serving
-/// the calls. Between jobs they sleep in the kernel rather than spin: a spinning helper
-/// is left on the CPU of the thread that hands it work, and with the client woken onto
-/// that CPU too, the job waits its turn while the other CPU idles (44 % of look-aheads
-/// had not begun when the next call arrived, with a pool that spun).
+/// the calls. Between jobs they sleep in the kernel rather than spin: with a rayon pool,
+/// whose idle workers spin in `sched_yield`, 44 % of look-aheads had not begun when
+/// their call arrived, against 28 % with these (docs/performance.md, change 19). A
+/// spinning helper competes for the CPUs the client and the serving thread run on.
 pub struct ListingHelpers {
     jobs: mpsc::Sender<Job>,
 }

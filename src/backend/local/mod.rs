@@ -2002,9 +2002,9 @@ mod tests {
     /// Lists two replies of 37 entries of a fresh export holding 200 empty files, lets the
     /// look-ahead of the next reply finish, runs `between`, and returns the sizes of the
     /// files `f*` in the next reply; `None` if that took too long for the look-ahead to
-    /// stay usable. The first reply takes one entry fewer than it was offered, so the
-    /// look-ahead the second begins where the first ended covers the third reply only
-    /// if it begins where the second is expected to end, not where its offer ended.
+    /// stay usable. Each reply takes one entry fewer than it was offered: the look-ahead
+    /// the second call begins covers the whole third reply only if it starts where the
+    /// second reply is expected to end (as long as the first), not where its offer ends.
     fn sizes_in_next_reply_after(between: impl FnOnce(&Path, &LocalFs)) -> Option<Vec<u64>> {
         let (dir, fs) = export();
         for i in 0..200 {
