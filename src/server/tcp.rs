@@ -554,13 +554,25 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
         });
         let waited = batch
             .flush_before_waiting(async {
+                // Idle means nothing sent and nothing running for the whole timeout: a
+                // client waiting for a long COMMIT keeps its connection (as knfsd, which
+                // ages out only transports no request holds), and the timeout starts
+                // again once its last call has ended, not at the expiry before that.
+                let mut wait = idle;
+                let mut calls_were_running = false;
                 loop {
                     tokio::select! {
-                        r = tokio::time::timeout(idle, rd.fill_buf()) => match r {
-                            // Idle means nothing sent and nothing running: a client waiting
-                            // for a long COMMIT keeps its connection (as knfsd, which ages
-                            // out only transports no request holds).
-                            Err(_) if calls_running(&conn_slots, per_conn) => continue,
+                        r = tokio::time::timeout(wait, rd.fill_buf()) => match r {
+                            // Look again soon: the quiet period starts when the calls end.
+                            Err(_) if calls_running(&conn_slots, per_conn) => {
+                                calls_were_running = true;
+                                wait = IDLE_RECHECK.min(idle);
+                            }
+                            // The last call ended within the last look: a whole quiet period from now.
+                            Err(_) if calls_were_running => {
+                                calls_were_running = false;
+                                wait = idle;
+                            }
                             r => break Some(r.map(|r| r.map(|b| b.is_empty()))),
                         },
                         _ = &mut writer => break None,
@@ -643,6 +655,10 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
 
 /// Whether calls of this connection are running or their replies are still queued,
 /// while the reader holds one slot for the next.
+/// How often a connection whose calls outlast the idle timeout looks whether they have
+/// ended, to start its quiet period no later than this after the last one.
+const IDLE_RECHECK: Duration = Duration::from_secs(1);
+
 fn calls_running(conn_slots: &Semaphore, per_conn: usize) -> bool {
     conn_slots.available_permits() + 1 < per_conn
 }
@@ -926,6 +942,32 @@ mod tests {
         let (quick, long) = replies;
         assert_eq!(quick.expect("the quick call sent after the idle timeout was not answered"), (2, 42));
         assert_eq!(long.expect("the long call was not answered"), (1, 3000));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_idle_timeout_starts_when_the_last_long_call_ends() {
+        use std::io::Write;
+        let limits = crate::server::config::Limits { idle_timeout_secs: 2, ..Default::default() };
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(accept_loop(listener, shared_with(Arc::new(Sleepy), limits)));
+        let replies = tokio::task::spawn_blocking(move || {
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            // The call ends 1.6 s into the second idle period it spans (at 3.6 s). A timer
+            // that only runs on from that period closes the connection at 4 s; the quick
+            // call comes 1.5 s after the long one's reply, inside the 2 s owed to it.
+            s.write_all(&sleepy_call(1, 1, 3600)).unwrap();
+            let long = read_reply(&mut s);
+            std::thread::sleep(Duration::from_millis(1500));
+            s.write_all(&sleepy_call(2, 2, 42)).unwrap();
+            (long, read_reply(&mut s))
+        })
+        .await
+        .unwrap();
+        let (long, quick) = replies;
+        assert_eq!(long.expect("the long call was not answered"), (1, 3600));
+        assert_eq!(quick.expect("the connection was closed before it had been idle for the timeout"), (2, 42));
     }
 
     fn socket_with_small_buffers(addr: SocketAddr) -> std::net::TcpStream {
