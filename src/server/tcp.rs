@@ -920,25 +920,34 @@ mod tests {
         Ok((word(0), word(body.len() - 4)))
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_connection_waiting_for_a_long_call_is_not_idle() {
-        use std::io::Write;
-        let limits = crate::server::config::Limits { idle_timeout_secs: 1, ..Default::default() };
+    /// Serves [`Sleepy`] with an idle timeout of `idle_secs` and runs `client` on a
+    /// connection to it.
+    async fn with_sleepy_server<T: Send + 'static>(idle_secs: u64, client: impl FnOnce(&mut std::net::TcpStream) -> T + Send + 'static) -> T {
+        let limits = crate::server::config::Limits { idle_timeout_secs: idle_secs, ..Default::default() };
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(accept_loop(listener, shared_with(Arc::new(Sleepy), limits)));
-        let replies = tokio::task::spawn_blocking(move || {
+        tokio::task::spawn_blocking(move || {
             let mut s = std::net::TcpStream::connect(addr).unwrap();
             s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            client(&mut s)
+        })
+        .await
+        .unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connection_waiting_for_a_long_call_is_not_idle() {
+        use std::io::Write;
+        let replies = with_sleepy_server(1, |s| {
             // A call that runs past the idle timeout, then, while it runs and after the
             // timeout, a quick one on the same connection.
             s.write_all(&sleepy_call(1, 1, 3000)).unwrap();
             std::thread::sleep(Duration::from_millis(1800));
             s.write_all(&sleepy_call(2, 2, 42)).unwrap();
-            (read_reply(&mut s), read_reply(&mut s))
+            (read_reply(s), read_reply(s))
         })
-        .await
-        .unwrap();
+        .await;
         let (quick, long) = replies;
         assert_eq!(quick.expect("the quick call sent after the idle timeout was not answered"), (2, 42));
         assert_eq!(long.expect("the long call was not answered"), (1, 3000));
@@ -947,24 +956,17 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_idle_timeout_starts_when_the_last_long_call_ends() {
         use std::io::Write;
-        let limits = crate::server::config::Limits { idle_timeout_secs: 2, ..Default::default() };
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(accept_loop(listener, shared_with(Arc::new(Sleepy), limits)));
-        let replies = tokio::task::spawn_blocking(move || {
-            let mut s = std::net::TcpStream::connect(addr).unwrap();
-            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let replies = with_sleepy_server(2, |s| {
             // The call ends 1.6 s into the second idle period it spans (at 3.6 s). A timer
             // that only runs on from that period closes the connection at 4 s; the quick
             // call comes 1.5 s after the long one's reply, inside the 2 s owed to it.
             s.write_all(&sleepy_call(1, 1, 3600)).unwrap();
-            let long = read_reply(&mut s);
+            let long = read_reply(s);
             std::thread::sleep(Duration::from_millis(1500));
             s.write_all(&sleepy_call(2, 2, 42)).unwrap();
-            (long, read_reply(&mut s))
+            (long, read_reply(s))
         })
-        .await
-        .unwrap();
+        .await;
         let (long, quick) = replies;
         assert_eq!(long.expect("the long call was not answered"), (1, 3600));
         assert_eq!(quick.expect("the connection was closed before it had been idle for the timeout"), (2, 42));
