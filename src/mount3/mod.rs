@@ -3,10 +3,9 @@
 //! Served on the same port as NFS. MNT resolves a path inside an export component by
 //! component, never following symlinks, and answers with the directory's file handle.
 
-use crate::exports::squash;
 use crate::rpc::{CallContext, ProcError, RpcProgram, Transport};
 use crate::server::state::ServerState;
-use crate::vfs::{FileKind, VfsError};
+use crate::vfs::{Cred, FileKind, VfsError};
 use crate::xdr::{XdrReader, XdrResult, XdrWriter};
 use std::path::Component;
 use std::sync::Arc;
@@ -157,8 +156,8 @@ impl Mount3 {
         for (export, rest) in self.state.exports_table_lookup(path) {
             let Some(rt) = self.state.export_by_id(export) else { continue };
             match self.state.client_options(&rt, ctx) {
-                Ok(options) => {
-                    admitted = Some((rt, rest, options));
+                Ok(_) => {
+                    admitted = Some((rt, rest));
                     break;
                 }
                 Err(VfsError::Jukebox) => return Err(Refusal::TryLater),
@@ -169,8 +168,12 @@ impl Mount3 {
                 Err(_) => return Err(MountStatus::Access.into()),
             }
         }
-        let (rt, rest, options) = admitted.ok_or(refusal)?;
-        let cred = squash(&options, &ctx.credential);
+        let (rt, rest) = admitted.ok_or(refusal)?;
+        // The path is walked as root, as mountd walks it: what the client may do there is
+        // checked by every NFS call it makes with the handle, under the export's squashing;
+        // a directory above it that the squashed identity cannot search does not refuse
+        // the mount of one below that it may use.
+        let cred = Cred::root();
         let mut obj = rt.vfs.root();
         for comp in rest.components() {
             match comp {

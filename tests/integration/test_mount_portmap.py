@@ -192,6 +192,27 @@ def test_a_client_mounts_a_nested_export_it_is_not_in_through_the_export_above(t
         assert c.mnt(str(srv)).status == rpc.MNT3_OK
 
 
+def test_a_squashed_client_mounts_a_directory_below_one_it_cannot_search(tmp_path):
+    """MNT walks the path as root, as mountd does: a root-squashed client mounts
+    `locked/open` though `locked` (root's, 0700) refuses it a search. What it may do
+    then is checked call by call under the squashing: it cannot look into `locked`."""
+    export = make_export(tmp_path)
+    locked = export / "locked"
+    (locked / "open").mkdir(parents=True)
+    (locked / "open" / "f").write_bytes(b"x")
+    os.chmod(locked, 0o700)
+    with Nasd(export) as n, Nfs3Client(n.host, n.port, cred=ROOT) as c:
+        below = c.mnt(str(locked / "open"))
+        assert below.status == rpc.MNT3_OK, below.status
+        assert c.getattr(below.fh).attr.fileid == os.stat(locked / "open").st_ino
+        assert c.lookup(below.fh, "f").status == rpc.NFS3_OK, "the mounted directory is the squashed client's to use"
+        top = c.mnt(str(export))
+        assert top.status == rpc.MNT3_OK
+        into_locked = c.lookup(c.lookup(top.fh, "locked").fh, "open")
+        assert into_locked.status == rpc.NFS3ERR_ACCES, "squashed root searched a directory only root may search"
+        assert c.mnt(str(locked / "absent")).status == rpc.MNT3ERR_NOENT
+
+
 # ------------------------------------------------------------ portmap
 
 @pytest.fixture(scope="module")
