@@ -4,6 +4,10 @@
 # qemu guest, fio's libnfs engine, NFS-Ganesha), and build tools.
 set -euo pipefail
 
+# --build: only what building nasd needs (a C compiler for blake3, and a Rust toolchain).
+build_only=false
+[ "${1:-}" = "--build" ] && build_only=true
+
 packages=(
   build-essential pkg-config dpkg-dev       # fio and the libnfs helper are built from source
   libnfs-utils libnfs-dev                   # userspace NFS client tools and library
@@ -15,6 +19,7 @@ packages=(
   nfs-common                                # showmount, for the MOUNT protocol checks
   python3 python3-pytest                    # the test runner
 )
+$build_only && packages=(build-essential)
 
 if [ "$(id -u)" -ne 0 ]; then
   echo "install-deps: run as root (apt-get, network namespaces and the guest need it)" >&2
@@ -31,14 +36,20 @@ if ((${#missing[@]})); then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-# Debian starts ganesha when it is installed; the tests start their own instances.
-systemctl stop nfs-ganesha 2>/dev/null || true
-pkill -x ganesha.nfsd 2>/dev/null || true
+if ! $build_only; then
+  # Debian starts ganesha when it is installed; the tests start their own instances.
+  systemctl stop nfs-ganesha 2>/dev/null || true
+  pkill -x ganesha.nfsd 2>/dev/null || true
+fi
 
 if ! command -v cargo >/dev/null; then
-  echo "install-deps: cargo is missing; install a Rust toolchain (1.75 or newer)" >&2
-  exit 1
+  # Debian 12's own recent toolchain (its plain `rustc` is too old for the dependencies).
+  echo "install-deps: no cargo; installing Debian's rustc-web and cargo-web"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends rustc-web cargo-web >/dev/null
 fi
+$build_only && exit 0
 # A python3 ahead of Debian's on PATH (a pyenv, a venv) needs pytest of its own.
 if ! python3 -c 'import pytest' 2>/dev/null; then
   python3 -m pip install --quiet pytest
