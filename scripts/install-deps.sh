@@ -4,12 +4,14 @@
 # qemu guest, fio's libnfs engine, NFS-Ganesha), and build tools.
 set -euo pipefail
 
-# --build: only what building nasd needs (a C compiler for blake3, and a Rust toolchain).
+# --build: only what building nasd needs (a C compiler for blake3, a Rust toolchain, and
+# the CA certificates cargo needs to fetch crates).
 build_only=false
 [ "${1:-}" = "--build" ] && build_only=true
 
 packages=(
   build-essential pkg-config dpkg-dev       # fio and the libnfs helper are built from source
+  ca-certificates                           # cargo fetches crates over TLS
   libnfs-utils libnfs-dev                   # userspace NFS client tools and library
   qemu-system-x86 debootstrap e2fsprogs     # the kernel-client guest
   iproute2 kmod                             # network namespaces for the guest
@@ -19,7 +21,7 @@ packages=(
   nfs-common                                # showmount, for the MOUNT protocol checks
   python3 python3-pytest                    # the test runner
 )
-$build_only && packages=(build-essential)
+$build_only && packages=(build-essential ca-certificates)
 
 if [ "$(id -u)" -ne 0 ]; then
   echo "install-deps: run as root (apt-get, network namespaces and the guest need it)" >&2
