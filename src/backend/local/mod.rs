@@ -255,9 +255,14 @@ const LOOK_AHEAD_MAX_AGE: std::time::Duration = std::time::Duration::from_millis
 /// cache holds this many for every open object the object cache may hold.
 const HANDLES_PER_OPEN_OBJECT: usize = 16;
 
-/// Locks of directories' entry changes ([`LocalFs::change_entries`]): two directories
-/// share one only when their inode numbers agree modulo this.
+/// Locks of directories' entry changes ([`LocalFs::change_entries`]) and of SETATTR: two
+/// objects share one only when their inode numbers agree modulo this.
 const ENTRY_LOCKS: usize = 256;
+
+/// The lock of the object with inode number `fileid` in [`LocalFs::entry_locks`].
+fn entry_lock_slot(fileid: u64) -> usize {
+    (fileid % ENTRY_LOCKS as u64) as usize
+}
 
 /// Stable writes of at least this size start their writeback before the group fsync.
 const EARLY_WRITEBACK_MIN: usize = 64 * 1024;
@@ -845,7 +850,7 @@ impl LocalFs {
     /// off.
     fn change_entries<const N: usize, T>(&self, dirs: [(&CachedObject, u64); N], change: impl FnOnce() -> VfsResult<T>) -> VfsResult<(T, [Wcc; N])> {
         // In lock order, each lock once (a rename within one directory names it twice).
-        let mut slots: [usize; N] = std::array::from_fn(|i| (dirs[i].1 % ENTRY_LOCKS as u64) as usize);
+        let mut slots: [usize; N] = std::array::from_fn(|i| entry_lock_slot(dirs[i].1));
         slots.sort_unstable();
         let mut locked: [Option<parking_lot::MutexGuard<'_, ()>>; N] = std::array::from_fn(|_| None);
         for (n, &slot) in slots.iter().enumerate() {
@@ -987,8 +992,13 @@ impl Vfs for LocalFs {
 
     fn setattr(&self, cred: &Cred, id: &ObjectId, attrs: &SetAttrs, guard_ctime: Option<Timespec>) -> VfsResult<Wcc> {
         let _modifying = self.modifying();
-        let (obj, before) = self.resolve(cred, id)?;
+        let (obj, resolved) = self.resolve(cred, id)?;
         let since = self.since(&obj);
+        // Under nasd's lock of the object (knfsd holds its inode lock the same way): the
+        // guard is checked against, and the pre-op attributes are, the state the change
+        // applies to, and no other call's change falls between them and the post-op ones.
+        let locked = self.entry_locks[entry_lock_slot(resolved.fileid)].lock();
+        let before = self.stat(&obj)?;
         if let Some(ct) = guard_ctime {
             if ct != before.ctime {
                 return Err(VfsError::NotSync);
@@ -1026,8 +1036,10 @@ impl Vfs for LocalFs {
         } else {
             self.apply_attrs(&obj.path_fd, before.kind, &rest)?;
         }
+        let after = self.stat(&obj).ok();
+        drop(locked);
         self.commit_inode(cred, &obj, &before, since)?;
-        Ok(Wcc { before: Some(PreOpAttr::from(&before)), after: self.stat(&obj).ok() })
+        Ok(Wcc { before: Some(PreOpAttr::from(&before)), after })
     }
 
     fn lookup(&self, cred: &Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<(ObjectId, Attr)> {
@@ -1693,6 +1705,34 @@ mod tests {
         // pre-op ctime older than the change before it.
         let interleaved = spans.windows(2).filter(|w| w[1].1 != w[0].0).count();
         assert_eq!(interleaved, 0, "{interleaved} of {changes} replies had another change between their pre-op and post-op attributes");
+    }
+
+    #[test]
+    fn no_other_change_falls_between_a_setattr_replys_pre_op_and_post_op_attributes() {
+        let (_dir, fs) = export();
+        let root = Cred::root();
+        let f = fs.create(&root, &fs.root(), b"f", &CreateHow::Guarded(SetAttrs::default())).expect("create").obj;
+        // Two clients changing one file's attributes at once (every chmod changes ctime).
+        let spans: std::collections::BTreeSet<(Timespec, Timespec)> = std::thread::scope(|s| {
+            let workers: Vec<_> = [0o600, 0o644]
+                .into_iter()
+                .map(|mode| {
+                    let (fs, root) = (fs.clone(), root.clone());
+                    s.spawn(move || {
+                        (0..300)
+                            .map(|_| {
+                                let wcc = fs.setattr(&root, &f, &SetAttrs { mode: Some(mode), ..Default::default() }, None).expect("setattr");
+                                (wcc.after.expect("post-op").ctime, wcc.before.expect("pre-op").ctime)
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            workers.into_iter().flat_map(|w| w.join().expect("worker")).collect()
+        });
+        let spans: Vec<_> = spans.into_iter().collect();
+        let interleaved = spans.windows(2).filter(|w| w[1].1 != w[0].0).count();
+        assert_eq!(interleaved, 0, "{interleaved} of {} replies had another change between their pre-op and post-op attributes", spans.len());
     }
 
     #[test]
