@@ -559,7 +559,9 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
                 // ages out only transports no request holds), and the timeout starts
                 // again once its last call has ended, not at the expiry before that.
                 let mut wait = idle;
-                let mut calls_were_running = false;
+                // Calls start only once a request is read, which ends this wait: those
+                // running now are all that can end during it.
+                let mut calls_were_running = calls_running(&conn_slots, per_conn);
                 loop {
                     tokio::select! {
                         r = tokio::time::timeout(wait, rd.fill_buf()) => match r {
@@ -969,6 +971,24 @@ mod tests {
         .await;
         let (long, quick) = replies;
         assert_eq!(long.expect("the long call was not answered"), (1, 3600));
+        assert_eq!(quick.expect("the connection was closed before it had been idle for the timeout"), (2, 42));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_that_ends_within_the_first_idle_period_restarts_the_timeout() {
+        use std::io::Write;
+        let replies = with_sleepy_server(2, |s| {
+            // The call ends at 1.5 s, inside the first 2 s idle period; the next call
+            // comes 1 s after its reply, when that period (not restarted) has expired.
+            s.write_all(&sleepy_call(1, 1, 1500)).unwrap();
+            let long = read_reply(s);
+            std::thread::sleep(Duration::from_millis(1000));
+            s.write_all(&sleepy_call(2, 2, 42)).unwrap();
+            (long, read_reply(s))
+        })
+        .await;
+        let (long, quick) = replies;
+        assert_eq!(long.expect("the long call was not answered"), (1, 1500));
         assert_eq!(quick.expect("the connection was closed before it had been idle for the timeout"), (2, 42));
     }
 
