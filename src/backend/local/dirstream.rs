@@ -52,7 +52,7 @@ pub struct LookAhead {
     pub batch: Arc<StatBatch>,
     /// Before the first `statx` could have begun.
     pub begun: Instant,
-    /// The backend's count of finished modifying calls when the batch was made.
+    /// The backend's mark of modifying calls when the batch was made ([`super::ChangeCount`]).
     pub modifications: u64,
     /// The directory's change and modification times when the batch was made.
     pub dir_times: (Timespec, Timespec),

@@ -62,14 +62,31 @@ pub struct LocalConfig {
     pub changes: ChangeCount,
 }
 
-/// Modifying calls finished so far: work done ahead of a call (entries of a listing
-/// looked at before it was asked for) is used only if this has not moved meanwhile.
+/// Modifying calls begun and finished so far: work done ahead of a call (entries of a
+/// listing looked at before it was asked for) is used only if no modifying call was
+/// running when the work began and none has begun since. Finishing is not enough to
+/// count: a call makes its change before it makes it durable and returns.
 #[derive(Debug, Clone, Default)]
-pub struct ChangeCount(Arc<AtomicU64>);
+pub struct ChangeCount(Arc<ChangeCounters>);
+
+#[derive(Debug, Default)]
+struct ChangeCounters {
+    begun: AtomicU64,
+    finished: AtomicU64,
+}
 
 impl ChangeCount {
-    fn now(&self) -> u64 {
-        self.0.load(Ordering::SeqCst)
+    /// A mark of this moment if no modifying call is running (`None` otherwise): work
+    /// begun now is still valid while the mark is the same.
+    fn quiet_mark(&self) -> Option<u64> {
+        let begun = self.0.begun.load(Ordering::SeqCst);
+        (self.0.finished.load(Ordering::SeqCst) == begun).then_some(begun)
+    }
+
+    /// Counts a modifying call as begun; the guard counts it finished when dropped.
+    fn begin(&self) -> Modifying<'_> {
+        self.0.begun.fetch_add(1, Ordering::SeqCst);
+        Modifying(self)
     }
 }
 
@@ -78,7 +95,7 @@ struct Modifying<'a>(&'a ChangeCount);
 
 impl Drop for Modifying<'_> {
     fn drop(&mut self) {
-        (self.0).0.fetch_add(1, Ordering::SeqCst);
+        (self.0).0.finished.fetch_add(1, Ordering::SeqCst);
     }
 }
 
@@ -455,7 +472,7 @@ impl LocalFs {
     }
 
     fn modifying(&self) -> Modifying<'_> {
-        Modifying(&self.changes)
+        self.changes.begin()
     }
 
     pub fn path_is_dir(path: &Path) -> bool {
@@ -1427,7 +1444,7 @@ impl Vfs for LocalFs {
         // continuing a READDIRPLUS listing has no use for them: the helper may stop.
         let mut ahead = stream.ahead.take().and_then(|a| {
             let fresh = plus
-                && a.modifications == self.changes.now()
+                && self.changes.quiet_mark() == Some(a.modifications)
                 && a.dir_times == dir_times
                 && a.begun.elapsed() <= LOOK_AHEAD_MAX_AGE;
             if !fresh {
@@ -1619,8 +1636,9 @@ impl LocalFs {
         if next.len() < PARALLEL_PLUS_BATCH {
             return None;
         }
-        // Counted before the first `statx`: a change that finishes after it is noticed.
-        let (begun, modifications) = (std::time::Instant::now(), self.changes.now());
+        // Marked before the first `statx`: a change that begins after it is noticed, and
+        // while one is running (made, perhaps, but not yet durable) nothing is looked at.
+        let (begun, modifications) = (std::time::Instant::now(), self.changes.quiet_mark()?);
         let batch = StatBatch::new(next.iter().map(|e| Self::name_to_stat(e, at_root)));
         self.share(cred, &stream.fd, &batch);
         Some(LookAhead { batch, begun, modifications, dir_times })
@@ -2121,6 +2139,13 @@ mod tests {
             let _ = dir;
         };
         assert!(attempts(&through_backend, 3), "a write through the backend was missed");
+        // Made by a call through this backend that has not returned yet (its change made,
+        // its sync still running when the next reply is made): never ends, here.
+        let still_running = |dir: &Path, fs: &LocalFs| {
+            std::mem::forget(fs.modifying());
+            write_every_file(dir, 9);
+        };
+        assert!(attempts(&still_running, 9), "a change by a call still running was missed");
         // Written by another program that also changed the directory: the directory's
         // times give it away.
         assert!(attempts(&|dir, _| { write_every_file(dir, 7); std::fs::write(dir.join("new"), b"").expect("create") }, 7), "a directory change was missed");
