@@ -248,6 +248,10 @@ pub struct LocalFs {
     /// count: keyed by inode, not by cached object, which the cache may drop and open
     /// again while a call still holds the old one.
     entry_locks: Box<[parking_lot::Mutex<()>]>,
+    /// Held by a SETATTR of anything but a directory (which takes its entry lock), keyed
+    /// the same way: truncating a large file takes seconds, and must not hold off the
+    /// entry changes of directories that share a lock with it.
+    attr_locks: Box<[parking_lot::Mutex<()>]>,
     /// Directory listings in progress, left open where their last reply ended.
     dir_streams: DirStreams,
     /// Descriptors leaving the cache being checked for writeback errors.
@@ -272,11 +276,13 @@ const LOOK_AHEAD_MAX_AGE: std::time::Duration = std::time::Duration::from_millis
 /// cache holds this many for every open object the object cache may hold.
 const HANDLES_PER_OPEN_OBJECT: usize = 16;
 
-/// Locks of directories' entry changes ([`LocalFs::change_entries`]) and of SETATTR: two
-/// objects share one only when their inode numbers agree modulo this.
+/// Locks of directories' entry changes ([`LocalFs::change_entries`]) and of SETATTR
+/// ([`LocalFs::attr_locks`]): two objects share one only when their inode numbers agree
+/// modulo this.
 const ENTRY_LOCKS: usize = 256;
 
-/// The lock of the object with inode number `fileid` in [`LocalFs::entry_locks`].
+/// The lock of the object with inode number `fileid` in [`LocalFs::entry_locks`] or
+/// [`LocalFs::attr_locks`].
 fn entry_lock_slot(fileid: u64) -> usize {
     (fileid % ENTRY_LOCKS as u64) as usize
 }
@@ -452,6 +458,7 @@ impl LocalFs {
             cache: ObjectCache::new(cfg.cache_capacity),
             handles: HandleCache::new(cfg.cache_capacity.saturating_mul(HANDLES_PER_OPEN_OBJECT)),
             entry_locks: (0..ENTRY_LOCKS).map(|_| parking_lot::Mutex::new(())).collect(),
+            attr_locks: (0..ENTRY_LOCKS).map(|_| parking_lot::Mutex::new(())).collect(),
             dir_streams: DirStreams::default(),
             close_checks: close_check::CloseChecks::default(),
             no_nowait_writes: AtomicBool::new(false),
@@ -1011,10 +1018,13 @@ impl Vfs for LocalFs {
         let _modifying = self.modifying();
         let (obj, resolved) = self.resolve(cred, id)?;
         let since = self.since(&obj);
-        // Under nasd's lock of the object (knfsd holds its inode lock the same way): the
-        // guard is checked against, and the pre-op attributes are, the state the change
-        // applies to, and no other call's change falls between them and the post-op ones.
-        let locked = self.entry_locks[entry_lock_slot(resolved.fileid)].lock();
+        // Under nasd's lock of the object: the guard is checked against, and the pre-op
+        // attributes are, the state the change applies to, and no other SETATTR (nor,
+        // for a directory, entry change) falls between them and the post-op ones. WRITE
+        // does not take it: knfsd's inode lock covers writes too, but holding one per
+        // object for every WRITE would serialise a file's concurrent writes.
+        let locks = if resolved.kind == FileKind::Directory { &self.entry_locks } else { &self.attr_locks };
+        let locked = locks[entry_lock_slot(resolved.fileid)].lock();
         let before = self.stat(&obj)?;
         if let Some(ct) = guard_ctime {
             if ct != before.ctime {
@@ -1751,6 +1761,28 @@ mod tests {
         let spans: Vec<_> = spans.into_iter().collect();
         let interleaved = spans.windows(2).filter(|w| w[1].1 != w[0].0).count();
         assert_eq!(interleaved, 0, "{interleaved} of {} replies had another change between their pre-op and post-op attributes", spans.len());
+    }
+
+    #[test]
+    fn a_long_setattr_of_a_file_does_not_hold_off_entry_changes_of_directories() {
+        let (_dir, fs) = export();
+        let root = Cred::root();
+        let made = fs.mkdir(&root, &fs.root(), b"d", &SetAttrs::default()).expect("mkdir d");
+        // What a SETATTR truncating a large file holds for seconds, for every file that
+        // shares this directory's inode number modulo the lock count.
+        let truncating = fs.attr_locks[entry_lock_slot(made.attr.fileid)].lock();
+        let (done_tx, done) = std::sync::mpsc::channel();
+        let created = std::thread::scope(|s| {
+            s.spawn(|| {
+                let created = fs.create(&root, &made.obj, b"f", &CreateHow::Guarded(SetAttrs::default())).map(drop);
+                done_tx.send(created).expect("send");
+            });
+            let created = done.recv_timeout(std::time::Duration::from_secs(10));
+            // Let a CREATE that waits finish, so that a failure ends the test.
+            drop(truncating);
+            created
+        });
+        assert!(matches!(created, Ok(Ok(()))), "a CREATE waited for the lock of a file's SETATTR: {created:?}");
     }
 
     #[test]
