@@ -64,14 +64,19 @@ pub struct LookAhead {
 /// their call arrived, against 28 % with these (docs/performance.md, change 19). A
 /// spinning helper competes for the CPUs the client and the serving thread run on.
 pub struct ListingHelpers {
-    jobs: mpsc::Sender<Job>,
+    jobs: mpsc::SyncSender<Job>,
 }
 
 type Job = Box<dyn FnOnce() + Send>;
 
+/// Jobs waiting for a helper at most. Beyond them a job is dropped: the thread serving
+/// the call does its `statx` calls itself, as it does for any a helper has not taken, and
+/// helpers stuck on a hung file system do not pile up jobs (each holds a directory open).
+const JOBS_QUEUED: usize = 64;
+
 impl ListingHelpers {
     pub fn start(threads: usize) -> std::io::Result<Self> {
-        let (jobs, queue) = mpsc::channel::<Job>();
+        let (jobs, queue) = mpsc::sync_channel::<Job>(JOBS_QUEUED);
         let queue = Arc::new(Mutex::new(queue));
         for i in 0..threads {
             let queue = queue.clone();
@@ -86,9 +91,10 @@ impl ListingHelpers {
         Ok(Self { jobs })
     }
 
-    pub fn spawn(&self, job: impl FnOnce() + Send + 'static) {
-        // The helpers never end while the sender lives, so the send cannot fail.
-        let _ = self.jobs.send(Box::new(job));
+    /// Queues `job` for a helper; false if the queue is full (the job is dropped).
+    pub fn spawn(&self, job: impl FnOnce() + Send + 'static) -> bool {
+        // The helpers never end while the sender lives: only a full queue refuses.
+        self.jobs.try_send(Box::new(job)).is_ok()
     }
 }
 
@@ -214,7 +220,10 @@ impl DirStreams {
     pub fn park(&self, dir: ObjectId, cookie: u64, cred: &Cred, dir_times: (Timespec, Timespec), stream: DirStream) {
         let mut parked = self.parked.lock();
         if parked.len() >= CAPACITY {
-            parked.pop_front();
+            // Nobody will continue the oldest: its look-ahead may stop.
+            if let Some(ahead) = parked.pop_front().and_then(|p| p.stream.ahead) {
+                ahead.batch.abandon();
+            }
         }
         parked.push_back(Parked { dir, cookie, cred: cred.clone(), dir_times, stream });
     }
@@ -300,6 +309,28 @@ mod tests {
         let (tx, rx) = mpsc::channel();
         helpers.spawn(move || tx.send(7).expect("send"));
         assert_eq!(rx.recv_timeout(std::time::Duration::from_secs(10)), Ok(7), "the helper stopped after a panicking job");
+    }
+
+    #[test]
+    fn jobs_for_a_stuck_helper_are_refused_once_the_queue_is_full() {
+        let helpers = ListingHelpers::start(1).expect("start a helper");
+        let (release, stuck) = mpsc::channel::<()>();
+        // A helper hung in a `statx` on a file system that no longer answers.
+        helpers.spawn(move || {
+            let _ = stuck.recv();
+        });
+        let accepted = (0..JOBS_QUEUED * 3).take_while(|_| helpers.spawn(|| ())).count();
+        assert!(accepted <= JOBS_QUEUED, "{accepted} jobs queued behind a stuck helper");
+        drop(release);
+        let (tx, rx) = mpsc::channel();
+        let sent = (0..1000).any(|_| {
+            let tx = tx.clone();
+            helpers.spawn(move || tx.send(()).expect("send")) || {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                false
+            }
+        });
+        assert!(sent && rx.recv_timeout(std::time::Duration::from_secs(10)).is_ok(), "the helper did not come back once released");
     }
 
     #[test]

@@ -1658,7 +1658,8 @@ impl LocalFs {
     fn share(&self, cred: &Cred, fd: &Arc<OwnedFd>, batch: &Arc<StatBatch>) {
         let (Some(helpers), Some(fs)) = (listing_helpers(), self.me.upgrade()) else { return };
         let (cred, fd, batch) = (cred.clone(), fd.clone(), batch.clone());
-        helpers.spawn(move || {
+        // Refused when the queue is full: the serving thread then does the whole batch.
+        let _ = helpers.spawn(move || {
             // The helper must see the directory as the caller would; if it cannot, the
             // serving thread does the whole batch.
             if creds::become_user(&cred) {
