@@ -38,6 +38,8 @@ pub struct DirStream {
     pub buf: Vec<u8>,
     pub pos: usize,
     pub len: usize,
+    /// The directory's count of entry changes through nasd when `buf` was filled.
+    pub entry_changes: u64,
     /// The batch of entries from about `pos` on, looked at ahead of the call that
     /// continues here.
     pub ahead: Option<LookAhead>,
@@ -200,13 +202,14 @@ pub struct DirStreams {
 
 impl DirStreams {
     /// The stream of `dir` whose last reply ended at `cookie`, for `cred`, if the
-    /// directory's times are still `dir_times` (a stream parked before a change is dropped).
-    pub fn take(&self, dir: &ObjectId, cookie: u64, cred: &Cred, dir_times: (Timespec, Timespec)) -> Option<DirStream> {
+    /// directory's times are still `dir_times` and its count of entry changes through
+    /// nasd is still `entry_changes` (a stream parked or read before a change is dropped).
+    pub fn take(&self, dir: &ObjectId, cookie: u64, cred: &Cred, dir_times: (Timespec, Timespec), entry_changes: u64) -> Option<DirStream> {
         let mut parked = self.parked.lock();
         loop {
             let i = parked.iter().position(|p| p.cookie == cookie && p.dir == *dir && p.cred == *cred)?;
             let p = parked.remove(i)?;
-            if p.dir_times == dir_times {
+            if p.dir_times == dir_times && p.stream.entry_changes == entry_changes {
                 return Some(p.stream);
             }
             if let Some(ahead) = p.stream.ahead {

@@ -252,6 +252,10 @@ pub struct LocalFs {
     /// the same way: truncating a large file takes seconds, and must not hold off the
     /// entry changes of directories that share a lock with it.
     attr_locks: Box<[parking_lot::Mutex<()>]>,
+    /// Entry changes made through nasd, per directory lock: a listing's buffer filled
+    /// before one is not continued, where the directory's times alone may not show it
+    /// (a file system or kernel with coarse timestamps: several changes in one tick).
+    entry_changes: Box<[AtomicU64]>,
     /// Directory listings in progress, left open where their last reply ended.
     dir_streams: DirStreams,
     /// Descriptors leaving the cache being checked for writeback errors.
@@ -459,6 +463,7 @@ impl LocalFs {
             handles: HandleCache::new(cfg.cache_capacity.saturating_mul(HANDLES_PER_OPEN_OBJECT)),
             entry_locks: (0..ENTRY_LOCKS).map(|_| parking_lot::Mutex::new(())).collect(),
             attr_locks: (0..ENTRY_LOCKS).map(|_| parking_lot::Mutex::new(())).collect(),
+            entry_changes: (0..ENTRY_LOCKS).map(|_| AtomicU64::new(0)).collect(),
             dir_streams: DirStreams::default(),
             close_checks: close_check::CloseChecks::default(),
             no_nowait_writes: AtomicBool::new(false),
@@ -476,6 +481,12 @@ impl LocalFs {
     /// Device and inode of the export's directory as opened.
     pub fn root_identity(&self) -> (u64, u64) {
         (self.root_dev, self.root_ino)
+    }
+
+    /// The count of entry changes made through nasd to `dir` (and the directories that
+    /// share its lock).
+    fn entry_changes(&self, dir: u64) -> u64 {
+        self.entry_changes[entry_lock_slot(dir)].load(Ordering::SeqCst)
     }
 
     fn modifying(&self) -> Modifying<'_> {
@@ -884,6 +895,9 @@ impl LocalFs {
         }
         let before: [Option<PreOpAttr>; N] = std::array::from_fn(|i| self.stat(dirs[i].0).ok().map(|a| PreOpAttr::from(&a)));
         let done = change()?;
+        for &(_, fileid) in &dirs {
+            self.entry_changes[entry_lock_slot(fileid)].fetch_add(1, Ordering::SeqCst);
+        }
         let wcc = std::array::from_fn(|i| Wcc { before: before[i], after: self.stat(dirs[i].0).ok() });
         drop(locked);
         Ok((done, wcc))
@@ -1431,7 +1445,7 @@ impl Vfs for LocalFs {
     ) -> VfsResult<ReadDirEnd> {
         let (dobj, dattr) = self.resolve_dir(cred, dir)?;
         let dir_times = (dattr.ctime, dattr.mtime);
-        let mut stream = match self.dir_streams.take(dir, cookie, cred, dir_times) {
+        let mut stream = match self.dir_streams.take(dir, cookie, cred, dir_times, self.entry_changes(dattr.fileid)) {
             Some(s) => s,
             None => {
                 // Opened as the caller so the kernel checks read permission on the directory
@@ -1444,7 +1458,7 @@ impl Vfs for LocalFs {
                 // Start small and grow: the kernel fills the whole buffer, and a reply often
                 // takes far fewer entries than 32 KiB of dirents (libnfs asks for 8 KiB
                 // replies).
-                DirStream { fd: Arc::new(fd), buf: vec![0u8; 4 * 1024], pos: 0, len: 0, ahead: None, last_taken: None }
+                DirStream { fd: Arc::new(fd), buf: vec![0u8; 4 * 1024], pos: 0, len: 0, entry_changes: 0, ahead: None, last_taken: None }
             }
         };
         let at_root = self.is_root(&dattr);
@@ -1475,6 +1489,8 @@ impl Vfs for LocalFs {
                 if let Some((a, _)) = next.take() {
                     a.batch.abandon();
                 }
+                // Counted before the entries are read: a change made while they are is noticed.
+                stream.entry_changes = self.entry_changes(dattr.fileid);
                 let n = sys::getdents(&stream.fd, &mut stream.buf)?;
                 if n == 0 {
                     return Ok(ReadDirEnd { eof: true, dir_attr: dattr });
@@ -2012,9 +2028,36 @@ mod tests {
         })
         .expect("readdir");
         let other = Cred { uid: 1000, gid: 1000, groups: vec![] };
-        let times = fs.getattr(&Cred::root(), &root).map(|a| (a.ctime, a.mtime)).expect("getattr");
-        assert!(fs.dir_streams.take(&root, cookie, &other, times).is_none());
-        assert!(fs.dir_streams.take(&root, cookie, &Cred::root(), times).is_some());
+        let attr = fs.getattr(&Cred::root(), &root).expect("getattr");
+        let (times, changes) = ((attr.ctime, attr.mtime), fs.entry_changes(attr.fileid));
+        assert!(fs.dir_streams.take(&root, cookie, &other, times, changes).is_none());
+        assert!(fs.dir_streams.take(&root, cookie, &Cred::root(), times, changes).is_some());
+    }
+
+    #[test]
+    fn a_stream_read_before_an_entry_change_through_nasd_is_not_continued() {
+        let (dir, fs) = export();
+        for i in 0..100 {
+            std::fs::write(dir.path().join(format!("f{i:03}")), b"").expect("create");
+        }
+        let (root, cred) = (fs.root(), Cred::root());
+        let mut cookie = 0;
+        let mut n = 0;
+        fs.readdir(&cred, &root, 0, false, usize::MAX, &mut |e: DirEntry<'_>| {
+            n += 1;
+            if n > 10 {
+                return false;
+            }
+            cookie = e.cookie;
+            true
+        })
+        .expect("readdir");
+        let attr = fs.getattr(&cred, &root).expect("getattr");
+        fs.create(&cred, &root, b"new", &CreateHow::Guarded(SetAttrs::default())).expect("create");
+        // As if the directory's times had not moved (one coarse tick): the count alone
+        // must tell that the buffer no longer shows the directory.
+        let times = (attr.ctime, attr.mtime);
+        assert!(fs.dir_streams.take(&root, cookie, &cred, times, fs.entry_changes(attr.fileid)).is_none(), "a stream read before a CREATE was continued");
     }
 
     #[test]
