@@ -955,41 +955,35 @@ mod tests {
         assert_eq!(long.expect("the long call was not answered"), (1, 3000));
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_idle_timeout_starts_when_the_last_long_call_ends() {
+    /// Under a 2 s idle timeout, a call of `long_ms`, then, `pause_ms` after its reply, a
+    /// quick one on the same connection: both must be answered.
+    async fn quick_call_after_a_long_one_and_a_pause(long_ms: u32, pause_ms: u64) {
         use std::io::Write;
-        let replies = with_sleepy_server(2, |s| {
-            // The call ends 1.6 s into the second idle period it spans (at 3.6 s). A timer
-            // that only runs on from that period closes the connection at 4 s; the quick
-            // call comes 1.5 s after the long one's reply, inside the 2 s owed to it.
-            s.write_all(&sleepy_call(1, 1, 3600)).unwrap();
+        let (long, quick) = with_sleepy_server(2, move |s| {
+            s.write_all(&sleepy_call(1, 1, long_ms)).unwrap();
             let long = read_reply(s);
-            std::thread::sleep(Duration::from_millis(1500));
+            std::thread::sleep(Duration::from_millis(pause_ms));
             s.write_all(&sleepy_call(2, 2, 42)).unwrap();
             (long, read_reply(s))
         })
         .await;
-        let (long, quick) = replies;
-        assert_eq!(long.expect("the long call was not answered"), (1, 3600));
+        assert_eq!(long.expect("the long call was not answered"), (1, long_ms));
         assert_eq!(quick.expect("the connection was closed before it had been idle for the timeout"), (2, 42));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_idle_timeout_starts_when_the_last_long_call_ends() {
+        // The call ends 1.6 s into the second idle period it spans (at 3.6 s). A timer
+        // that only runs on from that period closes the connection at 4 s; the quick
+        // call comes 1.5 s after the long one's reply, inside the 2 s owed to it.
+        quick_call_after_a_long_one_and_a_pause(3600, 1500).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_call_that_ends_within_the_first_idle_period_restarts_the_timeout() {
-        use std::io::Write;
-        let replies = with_sleepy_server(2, |s| {
-            // The call ends at 1.5 s, inside the first 2 s idle period; the next call
-            // comes 1 s after its reply, when that period (not restarted) has expired.
-            s.write_all(&sleepy_call(1, 1, 1500)).unwrap();
-            let long = read_reply(s);
-            std::thread::sleep(Duration::from_millis(1000));
-            s.write_all(&sleepy_call(2, 2, 42)).unwrap();
-            (long, read_reply(s))
-        })
-        .await;
-        let (long, quick) = replies;
-        assert_eq!(long.expect("the long call was not answered"), (1, 1500));
-        assert_eq!(quick.expect("the connection was closed before it had been idle for the timeout"), (2, 42));
+        // The call ends at 1.5 s, inside the first 2 s idle period; the next call
+        // comes 1 s after its reply, when that period (not restarted) has expired.
+        quick_call_after_a_long_one_and_a_pause(1500, 1000).await;
     }
 
     fn socket_with_small_buffers(addr: SocketAddr) -> std::net::TcpStream {

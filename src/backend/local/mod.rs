@@ -2009,16 +2009,14 @@ mod tests {
         assert_eq!(again, kept, "the listing after the removals shows exactly what is left");
     }
 
-    #[test]
-    fn a_parked_stream_serves_only_its_caller() {
-        let (dir, fs) = export();
+    /// Makes 100 files in the export at `dir`, lists 10 of them as root (the stream is
+    /// parked) and returns the cookie the listing ended at.
+    fn ten_of_a_hundred_listed(dir: &Path, fs: &LocalFs) -> u64 {
         for i in 0..100 {
-            std::fs::write(dir.path().join(format!("f{i:03}")), b"").expect("create");
+            std::fs::write(dir.join(format!("f{i:03}")), b"").expect("create");
         }
-        let root = fs.root();
-        let mut cookie = 0;
-        let mut n = 0;
-        fs.readdir(&Cred::root(), &root, 0, false, usize::MAX, &mut |e: DirEntry<'_>| {
+        let (mut cookie, mut n) = (0, 0);
+        fs.readdir(&Cred::root(), &fs.root(), 0, false, usize::MAX, &mut |e: DirEntry<'_>| {
             n += 1;
             if n > 10 {
                 return false;
@@ -2027,6 +2025,13 @@ mod tests {
             true
         })
         .expect("readdir");
+        cookie
+    }
+
+    #[test]
+    fn a_parked_stream_serves_only_its_caller() {
+        let (dir, fs) = export();
+        let (root, cookie) = (fs.root(), ten_of_a_hundred_listed(dir.path(), &fs));
         let other = Cred { uid: 1000, gid: 1000, groups: vec![] };
         let attr = fs.getattr(&Cred::root(), &root).expect("getattr");
         let (times, changes) = ((attr.ctime, attr.mtime), fs.entry_changes(attr.fileid));
@@ -2037,21 +2042,7 @@ mod tests {
     #[test]
     fn a_stream_read_before_an_entry_change_through_nasd_is_not_continued() {
         let (dir, fs) = export();
-        for i in 0..100 {
-            std::fs::write(dir.path().join(format!("f{i:03}")), b"").expect("create");
-        }
-        let (root, cred) = (fs.root(), Cred::root());
-        let mut cookie = 0;
-        let mut n = 0;
-        fs.readdir(&cred, &root, 0, false, usize::MAX, &mut |e: DirEntry<'_>| {
-            n += 1;
-            if n > 10 {
-                return false;
-            }
-            cookie = e.cookie;
-            true
-        })
-        .expect("readdir");
+        let (root, cred, cookie) = (fs.root(), Cred::root(), ten_of_a_hundred_listed(dir.path(), &fs));
         let attr = fs.getattr(&cred, &root).expect("getattr");
         fs.create(&cred, &root, b"new", &CreateHow::Guarded(SetAttrs::default())).expect("create");
         // As if the directory's times had not moved (one coarse tick): the count alone
