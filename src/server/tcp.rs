@@ -158,8 +158,11 @@ impl Outgoing {
         }
         if let Some(f) = &self.reply.file {
             let (start, end) = (bytes.len(), bytes.len() + f.len);
-            if s < end {
-                let from = s.max(start);
+            // No piece for no data (a READ at the end of the file): the bytes before it
+            // go with MSG_MORE, and with nothing after them they would sit in the socket
+            // until the kernel's 200 ms cork timer sent them.
+            let from = s.max(start);
+            if from < end {
                 pieces[1] = Some(Piece::File { fd: f.fd.as_raw_fd(), offset: f.offset + (from - start) as u64, len: end - from });
             }
             let pad_end = self.reply.len();
@@ -859,6 +862,39 @@ mod tests {
         assert_eq!(received, (THREADS * EACH) as usize);
         sink.close();
         writer.await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reply_with_no_file_data_is_not_left_corked_in_the_socket() {
+        // A READ at or past the end of the file served from the page cache: a header and
+        // an empty file range. Nothing of it may wait in the socket for more data.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = std::net::TcpStream::connect(addr).unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let (_rd, wr) = server.into_split();
+        let fd = wr.as_ref().as_raw_fd();
+        let stalls = super::super::stalls::Stalls::new(Duration::from_secs(5));
+        let sink = Arc::new(ReplySink::new(wr, stalls.register(addr).progress()));
+        let file = Arc::new(std::os::fd::OwnedFd::from(tempfile::tempfile().unwrap()));
+        let slots = Arc::new(Semaphore::new(Semaphore::MAX_PERMITS));
+        let slot = || slots.clone().try_acquire_owned().unwrap();
+        for id in [1u32, 2] {
+            let mut bytes = (0x8000_0000u32 | 4).to_be_bytes().to_vec();
+            bytes.extend_from_slice(&id.to_be_bytes());
+            let range = crate::vfs::FileRange { fd: file.clone(), offset: 0, len: 0 };
+            let reply = Reply { bytes, file: Some(range) };
+            sink.submit([Outgoing { reply: Arc::new(reply), sent: 0, _slots: (slot(), slot()) }]);
+            // SIOCOUTQNSD: bytes in the send queue not yet sent. Corked bytes stay there
+            // until the cork timer fires, 200 ms later.
+            let mut unsent: libc::c_int = -1;
+            // SAFETY: plain ioctl on a live socket into a local int.
+            assert_eq!(unsafe { libc::ioctl(fd, 0x894B, &mut unsent) }, 0);
+            assert_eq!(unsent, 0, "reply {id}: {unsent} bytes held back in the socket");
+        }
+        let mut got = [0u8; 16];
+        (&client).read_exact(&mut got).unwrap();
+        assert_eq!(got, [0x80, 0, 0, 4, 0, 0, 0, 1, 0x80, 0, 0, 4, 0, 0, 0, 2]);
     }
 
     /// Program 400001, version 1: procedure 1 waits the milliseconds its word says and

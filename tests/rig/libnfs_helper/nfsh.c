@@ -37,6 +37,8 @@
 
 #include <nfsc/libnfs.h>
 
+#include <stdarg.h>
+
 static struct nfs_context *nfs;
 static const char *g_url;
 
@@ -149,7 +151,9 @@ static void usage(void)
 		"  cat PATH                        file content to stdout (raw)\n"
 		"  mkdir PATH | rmdir PATH | unlink PATH | readlink PATH\n"
 		"  rename OLD NEW | link OLD NEW | symlink TARGET PATH\n"
-		"  chmod PATH OCTAL | truncate PATH SIZE\n");
+		"  chmod PATH OCTAL | truncate PATH SIZE\n"
+		"  fsx PATH OPS SEED MAXLEN [MODEL_OUT]  random I/O on one file through two\n"
+		"                                  connections, checked against a model\n");
 	exit(2);
 }
 
@@ -1282,6 +1286,327 @@ static int cmd_durable_writer(char **a)
 	return 0;
 }
 
+/* ---------------------------------------------------------------- fsx */
+
+/*
+ * fsx PATH OPS SEED MAXLEN [MODEL_OUT]: a file-system exerciser in the manner of
+ * fsx: OPS random writes (small, page-aligned, appending, and multi-MiB ones that
+ * span several WRITE calls), reads, truncations up and down, COMMITs, size checks
+ * and reopenings of one file, each checked against an in-memory model of what the
+ * file must hold.  The file is used through two handles on two connections (two
+ * libnfs contexts, so two TCP connections to the server): one writes FILE_SYNC
+ * (opened O_SYNC), the other UNSTABLE, and each operation goes to either at random,
+ * so what one connection wrote is read back through the other.  libnfs caches no
+ * file data here, so every check is a check of the server.  At the end the whole
+ * file is read back and MODEL_OUT (a local path), if given, receives the model, for
+ * the caller to compare with the file on the server's disk.  Exit 3 on a mismatch,
+ * with the last operations on stderr.
+ */
+static struct nfs_context *mount_export(struct nfs_url **urlp);
+
+#define FSX_LOG 48
+#define FSX_BIG (3u << 20)
+
+struct fsx_side {
+	struct nfs_context *ctx;
+	struct nfsfh *fh;
+	int flags;
+};
+
+struct fsx {
+	struct fsx_side side[2];
+	const char *path;
+	uint8_t *model, *buf;
+	uint64_t size, maxlen, seed;
+	long op;
+	char log[FSX_LOG][96];
+	long counts[8];
+	double secs[8];
+};
+
+static void fsx_note(struct fsx *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fsx_note(struct fsx *f, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(f->log[f->op % FSX_LOG], sizeof(f->log[0]), fmt, ap);
+	va_end(ap);
+}
+
+static void fsx_dump_log(struct fsx *f)
+{
+	long first = f->op >= FSX_LOG ? f->op - FSX_LOG + 1 : 0;
+	fprintf(stderr, "nfsh: fsx: the last operations (size before each in the model):\n");
+	for (long i = first; i <= f->op; i++)
+		fprintf(stderr, "  %6ld %s\n", i, f->log[i % FSX_LOG]);
+}
+
+static void fsx_fail_nfs(struct fsx *f, int s, const char *what, int rc)
+{
+	fsx_dump_log(f);
+	const char *e = nfs_get_error(f->side[s].ctx);
+	nfs = f->side[s].ctx; /* report_err's message comes from the failing context */
+	fprintf(stderr, "nfsh: fsx op %ld: %s through handle %d: %s\n", f->op, what, s, e ? e : "");
+	report_err(what, f->path, rc);
+	exit(1);
+}
+
+static void fsx_mismatch(struct fsx *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fsx_mismatch(struct fsx *f, const char *fmt, ...)
+{
+	char msg[256];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	fsx_dump_log(f);
+	fprintf(stderr, "nfsh: fsx op %ld: %s\n", f->op, msg);
+	printf("{\"ok\":false,\"op\":\"fsx\",\"at\":%ld,\"error\":", f->op);
+	json_str(stdout, msg);
+	printf("}\n");
+	fflush(stdout);
+	exit(3);
+}
+
+static void fsx_open(struct fsx *f, int s)
+{
+	int rc = nfs_open(f->side[s].ctx, f->path, f->side[s].flags, &f->side[s].fh);
+	if (rc < 0)
+		fsx_fail_nfs(f, s, "open", rc);
+}
+
+/* Reads [off, off+len) through side s and checks it against the model, short
+ * reads at the end of the file included. */
+static void fsx_check_read(struct fsx *f, int s, uint64_t off, size_t len)
+{
+	size_t want = off >= f->size ? 0 : (f->size - off < len ? (size_t)(f->size - off) : len);
+	size_t got = 0;
+	while (got < len) {
+		int rc = nfs_pread(f->side[s].ctx, f->side[s].fh, off + got, len - got, (char *)f->buf + got);
+		if (rc < 0)
+			fsx_fail_nfs(f, s, "pread", rc);
+		if (rc == 0)
+			break;
+		got += rc;
+	}
+	if (got != want)
+		fsx_mismatch(f, "read of %zu at %" PRIu64 " returned %zu bytes, the file holds %zu there",
+			     len, off, got, want);
+	for (size_t i = 0; i < got; i++)
+		if (f->buf[i] != f->model[off + i])
+			fsx_mismatch(f, "read of %zu at %" PRIu64 ": byte at %" PRIu64 " is 0x%02x, "
+				     "expected 0x%02x", len, off, off + i, f->buf[i], f->model[off + i]);
+}
+
+static void fsx_write(struct fsx *f, int s, uint64_t off, size_t len)
+{
+	/* New bytes differ from whatever an earlier write left there. */
+	pattern_fill(f->model + off, off, len, f->seed ^ ((uint64_t)f->op << 24));
+	for (size_t done = 0; done < len;) {
+		int rc = nfs_pwrite(f->side[s].ctx, f->side[s].fh, off + done, len - done,
+				    (char *)f->model + off + done);
+		if (rc < 0)
+			fsx_fail_nfs(f, s, "pwrite", rc);
+		if (rc == 0)
+			fsx_fail_nfs(f, s, "pwrite(short)", -EIO);
+		done += rc;
+	}
+	if (off + len > f->size)
+		f->size = off + len;
+}
+
+static void fsx_truncate(struct fsx *f, int s, uint64_t to)
+{
+	int rc = nfs_ftruncate(f->side[s].ctx, f->side[s].fh, to);
+	if (rc < 0)
+		fsx_fail_nfs(f, s, "ftruncate", rc);
+	/* Beyond the size the model is kept zero, so growing by truncation or by a write
+	 * past the end reads back as zeroes. */
+	if (to < f->size)
+		memset(f->model + to, 0, f->size - to);
+	f->size = to;
+}
+
+static void fsx_check_size(struct fsx *f, int s)
+{
+	struct nfs_stat_64 st;
+	int rc = nfs_fstat64(f->side[s].ctx, f->side[s].fh, &st);
+	if (rc < 0)
+		fsx_fail_nfs(f, s, "fstat", rc);
+	if (st.nfs_size != f->size)
+		fsx_mismatch(f, "size is %" PRIu64 " through handle %d, expected %" PRIu64,
+			     (uint64_t)st.nfs_size, s, f->size);
+}
+
+static int cmd_fsx(char **a, int argc)
+{
+	struct fsx *f = calloc(1, sizeof(*f));
+	f->path = abspath(a[0]);
+	long ops = parse_long(a[1]);
+	f->seed = strtoull(a[2], NULL, 0);
+	f->maxlen = parse_size(a[3]);
+	const char *model_out = argc > 4 ? a[4] : NULL;
+	if (f->maxlen < 4096 || f->maxlen > (1ull << 30)) {
+		fprintf(stderr, "nfsh: fsx MAXLEN must be 4k..1g\n");
+		exit(2);
+	}
+	f->model = calloc(f->maxlen + FSX_BIG, 1);
+	f->buf = malloc(f->maxlen + FSX_BIG);
+	f->side[0].ctx = nfs;
+	f->side[0].flags = O_RDWR | O_SYNC;
+	f->side[1].ctx = mount_export(NULL);
+	f->side[1].flags = O_RDWR;
+
+	struct nfsfh *fh;
+	int rc = nfs_create(nfs, f->path, O_TRUNC, 0644, &fh);
+	if (rc < 0)
+		die("create", f->path, rc);
+	nfs_close(nfs, fh);
+	fsx_open(f, 0);
+	fsx_open(f, 1);
+
+	uint64_t rng = splitmix64(f->seed ^ 0x6673785f73656564ull); /* seeds give unrelated runs */
+	double t0 = now();
+	enum { W, R, T, C, S, O, A, BIG };
+	static const char *names[] = { "write", "read", "truncate", "commit", "stat", "reopen",
+				       "append", "big_write" };
+	for (f->op = 0; f->op < ops; f->op++) {
+		uint64_t r = splitmix64(rng++), r2 = splitmix64(rng++);
+		int s = r & 1;
+		unsigned pick = (r >> 1) % 100;
+		uint64_t off = r2 % f->maxlen;
+		size_t len;
+		int kind = pick < 30 ? W : pick < 60 ? R : pick < 68 ? T : pick < 73 ? C
+			 : pick < 83 ? S : pick < 87 ? O : pick < 96 ? A : BIG;
+		f->counts[kind]++;
+		double op_t0 = now();
+		switch (kind) {
+		case W:
+			if ((r >> 8) & 1) { /* page-aligned, 4k..64k */
+				off &= ~4095ull;
+				len = 4096 * (1 + (r >> 9) % 16);
+			} else {
+				len = 1 + (r >> 9) % 65536;
+			}
+			fsx_note(f, "write    h%d %8" PRIu64 " +%-7zu (size %" PRIu64 ")", s, off, len, f->size);
+			fsx_write(f, s, off, len);
+			break;
+		case A:
+			len = 1 + (r >> 9) % 20000;
+			off = f->size;
+			if (off + len > f->maxlen + FSX_BIG)
+				len = f->maxlen + FSX_BIG - off;
+			if (len == 0)
+				break;
+			fsx_note(f, "append   h%d %8" PRIu64 " +%-7zu (size %" PRIu64 ")", s, off, len, f->size);
+			fsx_write(f, s, off, len);
+			break;
+		case BIG: /* spans several WRITE calls of the negotiated size */
+			len = (1u << 20) + (r >> 9) % (2u << 20);
+			fsx_note(f, "bigwrite h%d %8" PRIu64 " +%-7zu (size %" PRIu64 ")", s, off, len, f->size);
+			fsx_write(f, s, off, len);
+			break;
+		case R:
+			len = (r >> 8) & 1 ? 1 + (r >> 9) % 65536 : 1 + (r >> 9) % (2u << 20);
+			if ((r >> 30) % 4 == 0 && f->size > 0) /* often right at the end */
+				off = f->size - 1 - (r2 >> 20) % (f->size < 8192 ? f->size : 8192);
+			if (off + len > f->maxlen + FSX_BIG)
+				len = f->maxlen + FSX_BIG - off;
+			fsx_note(f, "read     h%d %8" PRIu64 " +%-7zu (size %" PRIu64 ")", s, off, len, f->size);
+			fsx_check_read(f, s, off, len);
+			break;
+		case T: {
+			uint64_t to = (r >> 8) % 4 == 0 ? r2 % 8192 : r2 % f->maxlen;
+			fsx_note(f, "truncate h%d %8" PRIu64 "          (size %" PRIu64 ")", s, to, f->size);
+			fsx_truncate(f, s, to);
+			break;
+		}
+		case C:
+			fsx_note(f, "commit   h%d                   (size %" PRIu64 ")", s, f->size);
+			if ((rc = nfs_fsync(f->side[s].ctx, f->side[s].fh)) < 0)
+				fsx_fail_nfs(f, s, "fsync", rc);
+			break;
+		case S:
+			fsx_note(f, "stat     h%d                   (size %" PRIu64 ")", s, f->size);
+			fsx_check_size(f, s);
+			break;
+		case O:
+			fsx_note(f, "reopen   h%d                   (size %" PRIu64 ")", s, f->size);
+			if ((rc = nfs_close(f->side[s].ctx, f->side[s].fh)) < 0)
+				fsx_fail_nfs(f, s, "close", rc);
+			fsx_open(f, s);
+			break;
+		}
+		f->secs[kind] += now() - op_t0;
+	}
+	fsx_note(f, "final read of the whole file (size %" PRIu64 ")", f->size);
+	for (int s = 0; s < 2; s++) {
+		if ((rc = nfs_fsync(f->side[s].ctx, f->side[s].fh)) < 0)
+			fsx_fail_nfs(f, s, "fsync", rc);
+		fsx_check_size(f, s);
+	}
+	fsx_check_read(f, 1, 0, f->size + 4096 < f->maxlen + FSX_BIG ? f->size + 4096 : f->size);
+	double secs = now() - t0;
+	for (int s = 0; s < 2; s++)
+		if ((rc = nfs_close(f->side[s].ctx, f->side[s].fh)) < 0)
+			fsx_fail_nfs(f, s, "close", rc);
+	nfs_umount(f->side[1].ctx);
+	nfs_destroy_context(f->side[1].ctx);
+	if (model_out) {
+		FILE *m = fopen(model_out, "wb");
+		if (!m || fwrite(f->model, 1, f->size, m) != f->size || fclose(m))
+			die_local("write", model_out, errno);
+	}
+	printf("{\"ok\":true,\"op\":\"fsx\",\"ops\":%ld,\"size\":%" PRIu64, ops, f->size);
+	for (int k = 0; k <= BIG; k++)
+		printf(",\"%s\":%ld,\"%s_seconds\":%.6f", names[k], f->counts[k], names[k], f->secs[k]);
+	printf(",\"seconds\":%.6f}\n", secs);
+	free(f->model);
+	free(f->buf);
+	free(f);
+	return 0;
+}
+
+/* A context with the export of g_url mounted (a TCP connection of its own), set up
+ * from the environment; exits on failure.  *urlp, if asked for, keeps the parsed URL
+ * (for nfs_destroy_url). */
+static struct nfs_context *mount_export(struct nfs_url **urlp)
+{
+	struct nfs_context *ctx = nfs_init_context();
+	if (!ctx) {
+		fprintf(stderr, "nfsh: nfs_init_context failed\n");
+		exit(1);
+	}
+	struct nfs_context *saved = nfs;
+	nfs = ctx; /* errmsg() reads this context's error */
+	const char *e;
+	int tmo = (e = getenv("NFSH_TIMEOUT_MS")) ? atoi(e) : 60000;
+	nfs_set_timeout(ctx, tmo);
+	if ((e = getenv("NFSH_DEBUG")))
+		nfs_set_debug(ctx, atoi(e));
+	nfs_set_dircache(ctx, (e = getenv("NFSH_DIRCACHE")) && atoi(e));
+
+	/* Parses server/export and applies ?nfsport=&mountport=&version=... */
+	struct nfs_url *url = nfs_parse_url_dir(ctx, g_url);
+	if (!url) {
+		fprintf(stderr, "nfsh: bad URL '%s': %s\n", g_url, errmsg());
+		printf("{\"ok\":false,\"op\":\"parse-url\",\"path\":\"\",\"errno\":%d,"
+		       "\"error\":", EINVAL);
+		json_str(stdout, errmsg());
+		printf("}\n");
+		exit(1);
+	}
+	int rc = nfs_mount(ctx, url->server, url->path);
+	if (rc < 0)
+		die("mount", url->path, rc);
+	nfs = saved ? saved : ctx;
+	if (urlp)
+		*urlp = url;
+	else
+		nfs_destroy_url(url);
+	return ctx;
+}
+
 /* ---------------------------------------------------------------- main */
 
 struct cmd {
@@ -1299,7 +1624,7 @@ static const struct cmd cmds[] = {
 	{ "durable-writer", 3 }, { "getattr-loop", 2 },
 	{ "mkdir", 1 }, { "rmdir", 1 }, { "unlink", 1 }, { "readlink", 1 },
 	{ "rename", 2 }, { "link", 2 }, { "symlink", 2 }, { "chmod", 2 },
-	{ "truncate", 2 }, { NULL, 0 },
+	{ "truncate", 2 }, { "fsx", 4 }, { NULL, 0 },
 };
 
 int main(int argc, char **argv)
@@ -1321,31 +1646,9 @@ int main(int argc, char **argv)
 	if (na < c->nargs)
 		usage();
 
-	nfs = nfs_init_context();
-	if (!nfs) {
-		fprintf(stderr, "nfsh: nfs_init_context failed\n");
-		return 1;
-	}
-	const char *e;
-	int tmo = (e = getenv("NFSH_TIMEOUT_MS")) ? atoi(e) : 60000;
-	nfs_set_timeout(nfs, tmo);
-	if ((e = getenv("NFSH_DEBUG")))
-		nfs_set_debug(nfs, atoi(e));
-	nfs_set_dircache(nfs, (e = getenv("NFSH_DIRCACHE")) && atoi(e));
-
-	/* Parses server/export and applies ?nfsport=&mountport=&version=... */
-	struct nfs_url *url = nfs_parse_url_dir(nfs, g_url);
-	if (!url) {
-		fprintf(stderr, "nfsh: bad URL '%s': %s\n", g_url, errmsg());
-		printf("{\"ok\":false,\"op\":\"parse-url\",\"path\":\"\",\"errno\":%d,"
-		       "\"error\":", EINVAL);
-		json_str(stdout, errmsg());
-		printf("}\n");
-		return 1;
-	}
-	int rc = nfs_mount(nfs, url->server, url->path);
-	if (rc < 0)
-		die("mount", url->path, rc);
+	struct nfs_url *url;
+	nfs = mount_export(&url);
+	int rc;
 
 	if (!strcmp(cmd, "stat"))
 		rc = cmd_stat(a, 0);
@@ -1381,6 +1684,8 @@ int main(int argc, char **argv)
 		rc = cmd_getattr_loop(a);
 	else if (!strcmp(cmd, "durable-writer"))
 		rc = cmd_durable_writer(a);
+	else if (!strcmp(cmd, "fsx"))
+		rc = cmd_fsx(a, na);
 	else if (!strcmp(cmd, "cat"))
 		rc = cmd_cat(a);
 	else
