@@ -162,6 +162,39 @@ def test_libnfs_writer_survives_sigkill_trials(export, tmp_path):
     assert totals["bytes_checked"] > 0
 
 
+def test_fsx_goes_on_through_server_kills(export, tmp_path):
+    """A client that lives through the crashes: nfsh fsx (random writes FILE_SYNC and
+    UNSTABLE, truncations, reads checked against its model, through two connections)
+    while nasd is SIGKILLed and restarted on the same state directory again and again.
+    libnfs reconnects and sends its calls again; the file handles it holds must still
+    be valid and every read must still match what was written before the crash."""
+    nfsh_binary()
+    rng = random.Random(SEED)
+    kills = 0
+    with Nasd(export, args=["--no-root-squash"]) as srv:
+        p = nfsh_popen(srv.url(), "fsx", "/fsx", 15000, SEED, "8m", tmp_path / "model",
+                       env={"NFSH_TIMEOUT_MS": 20000})
+        try:
+            while p.poll() is None and kills < 12:
+                time.sleep(rng.uniform(0.3, 1.2))
+                if p.poll() is not None:
+                    break
+                srv.kill()
+                kills += 1
+                srv.start()
+            out, err = p.communicate(timeout=300)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert p.returncode == 0, f"{out[-2000:]}\n{err[-4000:]}"
+    assert kills >= 3, f"fsx ended after {kills} kills: too short to have met a crash"
+    res = json.loads(out.strip().splitlines()[-1])
+    assert res["ok"] is True and res["ops"] == 15000, res
+    assert (export / "fsx").read_bytes() == (tmp_path / "model").read_bytes()
+    print(f"\nfsx through {kills} kills: {res}")
+
+
 def test_checker_rejects_a_missing_acknowledged_file(tmp_path):
     """The checker itself: a put libnfs saw done but absent from disk is reported, and
     a file with the wrong bytes is reported."""
