@@ -42,6 +42,7 @@ from rig.fio import ensure_build_packages, file_lock, get_cache_dir
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "libnfs_helper" / "nfsh.c"
+HEADER = HERE / "libnfs_helper" / "exerciser.h"   # included by nfsh.c
 CFLAGS = ["-O2", "-g", "-Wall", "-Wextra", "-std=gnu11"]
 
 __all__ = ["nfsh_binary", "nfsh", "nfsh_lines", "run_nfsh", "NfshError",
@@ -90,7 +91,7 @@ def _libnfs_version() -> str:
 def nfsh_binary(cache_dir=None) -> str:
     """Path to the compiled nfsh (built into the cache dir on demand)."""
     flags = _pkgconfig_libnfs()
-    src = SOURCE.read_bytes()
+    src = SOURCE.read_bytes() + HEADER.read_bytes()
     h = hashlib.sha256(src + b"\0" + " ".join(CFLAGS + flags).encode()
                        + b"\0" + _libnfs_version().encode()).hexdigest()[:12]
     cdir = get_cache_dir(cache_dir)

@@ -38,46 +38,18 @@
 #include <nfsc/libnfs.h>
 #include <nfsc/libnfs-raw-nfs.h>
 
-#include <stdarg.h>
+#include "exerciser.h"
 
 static struct nfs_context *nfs;
 static const char *g_url;
 
 /* ------------------------------------------------------------------ util */
 
-static double now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 static double wall(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
 	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static void json_str(FILE *f, const char *s)
-{
-	fputc('"', f);
-	for (; s && *s; s++) {
-		unsigned char c = (unsigned char)*s;
-		switch (c) {
-		case '"': fputs("\\\"", f); break;
-		case '\\': fputs("\\\\", f); break;
-		case '\n': fputs("\\n", f); break;
-		case '\r': fputs("\\r", f); break;
-		case '\t': fputs("\\t", f); break;
-		default:
-			if (c < 0x20 || c == 0x7f)
-				fprintf(f, "\\u%04x", c);
-			else
-				fputc(c, f);
-		}
-	}
-	fputc('"', f);
 }
 
 static const char *errmsg(void)
@@ -249,31 +221,6 @@ static const char *loop_prefix(const char *s)
 		exit(2);
 	}
 	return s;
-}
-
-/* ------------------------------------------------------------- pattern */
-
-/* Content byte at offset `off` depends only on (seed, off): any range of the
- * file can be verified independently.  Each aligned 8-byte word w at offset
- * 8*k holds splitmix64(seed ^ k) little-endian.  tests/rig/nfsh.py has the
- * same function in Python (pattern_bytes). */
-static uint64_t splitmix64(uint64_t x)
-{
-	x += 0x9e3779b97f4a7c15ULL;
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-	return x ^ (x >> 31);
-}
-
-static void pattern_fill(uint8_t *buf, uint64_t off, size_t len, uint64_t seed)
-{
-	for (size_t i = 0; i < len;) {
-		uint64_t pos = off + i;
-		uint64_t w = splitmix64(seed ^ (pos >> 3));
-		unsigned b = pos & 7;
-		for (; b < 8 && i < len; b++, i++)
-			buf[i] = (uint8_t)(w >> (8 * b));
-	}
 }
 
 static size_t io_chunk(int writing)
@@ -1292,55 +1239,21 @@ static int cmd_durable_writer(char **a)
 /* ---------------------------------------------------------------- fsx */
 
 /*
- * fsx PATH OPS SEED MAXLEN [MODEL_OUT]: a file-system exerciser in the manner of
- * fsx: OPS random writes (small, page-aligned, appending, and multi-MiB ones that
- * span several WRITE calls), reads, truncations up and down, COMMITs, size checks
- * and reopenings of one file, each checked against an in-memory model of what the
- * file must hold.  The file is used through two handles on two connections (two
- * libnfs contexts, so two TCP connections to the server): one writes FILE_SYNC
- * (opened O_SYNC), the other UNSTABLE, and each operation goes to either at random,
- * so what one connection wrote is read back through the other.  libnfs caches no
- * file data here, so every check is a check of the server.  At the end the whole
- * file is read back and MODEL_OUT (a local path), if given, receives the model, for
- * the caller to compare with the file on the server's disk.  Exit 3 on a mismatch,
- * with the last operations on stderr.
+ * fsx PATH OPS SEED MAXLEN [MODEL_OUT]: the fsx engine (exerciser.h) on one file
+ * through two handles on two connections (two libnfs contexts, so two TCP
+ * connections to the server): handle 0 writes FILE_SYNC (opened O_SYNC), handle 1
+ * UNSTABLE, and each operation goes to either at random, so what one connection
+ * wrote is read back through the other.  Syncs are COMMITs, truncations SETATTRs.
+ * libnfs caches no file data here, so every check is a check of the server.
+ * MODEL_OUT (a local path), if given, receives the model at the end, for the caller
+ * to compare with the file on the server's disk.  Exit 3 on a mismatch, with the
+ * last operations on stderr.
  */
 static struct nfs_context *mount_export(struct nfs_url **urlp);
 
-#define FSX_LOG 48
-#define FSX_BIG (3u << 20)
-
-struct fsx_side {
-	struct nfs_context *ctx;
-	struct nfsfh *fh;
-	int flags;
-};
-
-/* The last operations of an exerciser (fsx, nsx), shown when a check fails. */
-struct oplog {
-	const char *cmd;
-	long op;
-	char line[FSX_LOG][160];
-};
-
-static void note(struct oplog *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void note(struct oplog *l, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(l->line[l->op % FSX_LOG], sizeof(l->line[0]), fmt, ap);
-	va_end(ap);
-}
-
-static void dump_oplog(const struct oplog *l)
-{
-	long first = l->op >= FSX_LOG ? l->op - FSX_LOG + 1 : 0;
-	fprintf(stderr, "nfsh: %s: the last operations:\n", l->cmd);
-	for (long i = first; i <= l->op; i++)
-		fprintf(stderr, "  %6ld %s\n", i, l->line[i % FSX_LOG]);
-}
-
 /* A call that failed where the model says it must succeed: exit 1. */
+static void oplog_fail_nfs(const struct oplog *l, struct nfs_context *ctx, int s, const char *what,
+			   const char *path, int rc) __attribute__((noreturn));
 static void oplog_fail_nfs(const struct oplog *l, struct nfs_context *ctx, int s, const char *what,
 			   const char *path, int rc)
 {
@@ -1353,233 +1266,94 @@ static void oplog_fail_nfs(const struct oplog *l, struct nfs_context *ctx, int s
 	exit(1);
 }
 
-/* The server's answer differs from the model's: exit 3. */
-static void mismatch(const struct oplog *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void mismatch(const struct oplog *l, const char *fmt, ...)
-{
-	char msg[512];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	dump_oplog(l);
-	fprintf(stderr, "nfsh: %s op %ld: %s\n", l->cmd, l->op, msg);
-	printf("{\"ok\":false,\"op\":\"%s\",\"at\":%ld,\"error\":", l->cmd, l->op);
-	json_str(stdout, msg);
-	printf("}\n");
-	fflush(stdout);
-	exit(3);
-}
-
-struct fsx {
-	struct fsx_side side[2];
+static struct {
+	struct nfs_context *ctx[2];
+	struct nfsfh *fh[2];
+	int flags[2];
 	const char *path;
-	uint8_t *model, *buf;
-	uint64_t size, maxlen, seed;
-	struct oplog log;
-	long counts[8];
-	double secs[8];
-};
+} fsx_nfs;
 
-static void fsx_fail_nfs(struct fsx *f, int s, const char *what, int rc)
+static int fsx_nfs_pwrite(int s, uint64_t off, size_t len, const uint8_t *buf)
 {
-	oplog_fail_nfs(&f->log, f->side[s].ctx, s, what, f->path, rc);
+	return nfs_pwrite(fsx_nfs.ctx[s], fsx_nfs.fh[s], off, len, (const void *)buf);
 }
 
-static void fsx_open(struct fsx *f, int s)
+static int fsx_nfs_pread(int s, uint64_t off, size_t len, uint8_t *buf)
 {
-	int rc = nfs_open(f->side[s].ctx, f->path, f->side[s].flags, &f->side[s].fh);
-	if (rc < 0)
-		fsx_fail_nfs(f, s, "open", rc);
+	return nfs_pread(fsx_nfs.ctx[s], fsx_nfs.fh[s], off, len, (void *)buf);
 }
 
-/* Reads [off, off+len) through side s and checks it against the model, short
- * reads at the end of the file included. */
-static void fsx_check_read(struct fsx *f, int s, uint64_t off, size_t len)
+static int fsx_nfs_truncate(int s, uint64_t size)
 {
-	size_t want = off >= f->size ? 0 : (f->size - off < len ? (size_t)(f->size - off) : len);
-	size_t got = 0;
-	while (got < len) {
-		int rc = nfs_pread(f->side[s].ctx, f->side[s].fh, off + got, len - got, (char *)f->buf + got);
-		if (rc < 0)
-			fsx_fail_nfs(f, s, "pread", rc);
-		if (rc == 0)
-			break;
-		got += rc;
-	}
-	if (got != want)
-		mismatch(&f->log, "read of %zu at %" PRIu64 " returned %zu bytes, the file holds %zu there",
-			     len, off, got, want);
-	for (size_t i = 0; i < got; i++)
-		if (f->buf[i] != f->model[off + i])
-			mismatch(&f->log, "read of %zu at %" PRIu64 ": byte at %" PRIu64 " is 0x%02x, "
-				     "expected 0x%02x", len, off, off + i, f->buf[i], f->model[off + i]);
+	return nfs_ftruncate(fsx_nfs.ctx[s], fsx_nfs.fh[s], size);
 }
 
-static void fsx_write(struct fsx *f, int s, uint64_t off, size_t len)
+static int fsx_nfs_sync(int s)
 {
-	/* New bytes differ from whatever an earlier write left there. */
-	pattern_fill(f->model + off, off, len, f->seed ^ ((uint64_t)f->log.op << 24));
-	for (size_t done = 0; done < len;) {
-		int rc = nfs_pwrite(f->side[s].ctx, f->side[s].fh, off + done, len - done,
-				    (char *)f->model + off + done);
-		if (rc < 0)
-			fsx_fail_nfs(f, s, "pwrite", rc);
-		if (rc == 0)
-			fsx_fail_nfs(f, s, "pwrite(short)", -EIO);
-		done += rc;
-	}
-	if (off + len > f->size)
-		f->size = off + len;
+	return nfs_fsync(fsx_nfs.ctx[s], fsx_nfs.fh[s]);
 }
 
-static void fsx_truncate(struct fsx *f, int s, uint64_t to)
-{
-	int rc = nfs_ftruncate(f->side[s].ctx, f->side[s].fh, to);
-	if (rc < 0)
-		fsx_fail_nfs(f, s, "ftruncate", rc);
-	/* Beyond the size the model is kept zero, so growing by truncation or by a write
-	 * past the end reads back as zeroes. */
-	if (to < f->size)
-		memset(f->model + to, 0, f->size - to);
-	f->size = to;
-}
-
-static void fsx_check_size(struct fsx *f, int s)
+static int fsx_nfs_size(int s, uint64_t *size)
 {
 	struct nfs_stat_64 st;
-	int rc = nfs_fstat64(f->side[s].ctx, f->side[s].fh, &st);
-	if (rc < 0)
-		fsx_fail_nfs(f, s, "fstat", rc);
-	if (st.nfs_size != f->size)
-		mismatch(&f->log, "size is %" PRIu64 " through handle %d, expected %" PRIu64,
-			     (uint64_t)st.nfs_size, s, f->size);
+	int rc = nfs_fstat64(fsx_nfs.ctx[s], fsx_nfs.fh[s], &st);
+	*size = st.nfs_size;
+	return rc;
 }
+
+static int fsx_nfs_open(int s)
+{
+	return nfs_open(fsx_nfs.ctx[s], fsx_nfs.path, fsx_nfs.flags[s], &fsx_nfs.fh[s]);
+}
+
+static int fsx_nfs_reopen(int s)
+{
+	int rc = nfs_close(fsx_nfs.ctx[s], fsx_nfs.fh[s]);
+	return rc < 0 ? rc : fsx_nfs_open(s);
+}
+
+static void fsx_nfs_fail(const struct oplog *l, int s, const char *what, int rc) __attribute__((noreturn));
+static void fsx_nfs_fail(const struct oplog *l, int s, const char *what, int rc)
+{
+	oplog_fail_nfs(l, fsx_nfs.ctx[s], s, what, fsx_nfs.path, rc);
+}
+
+static const struct fsx_io fsx_nfs_io = {
+	.pwrite = fsx_nfs_pwrite, .pread = fsx_nfs_pread, .truncate = fsx_nfs_truncate,
+	.sync = fsx_nfs_sync, .size = fsx_nfs_size, .reopen = fsx_nfs_reopen, .fail = fsx_nfs_fail,
+};
 
 static int cmd_fsx(char **a, int argc)
 {
-	struct fsx *f = calloc(1, sizeof(*f));
-	f->log.cmd = "fsx";
-	f->path = abspath(a[0]);
+	fsx_nfs.path = abspath(a[0]);
 	long ops = parse_long(a[1]);
-	f->seed = strtoull(a[2], NULL, 0);
-	f->maxlen = parse_size(a[3]);
+	uint64_t seed = strtoull(a[2], NULL, 0), maxlen = parse_size(a[3]);
 	const char *model_out = argc > 4 ? a[4] : NULL;
-	if (f->maxlen < 4096 || f->maxlen > (1ull << 30)) {
+	if (maxlen < 4096 || maxlen > (1ull << 30)) {
 		fprintf(stderr, "nfsh: fsx MAXLEN must be 4k..1g\n");
 		exit(2);
 	}
-	f->model = calloc(f->maxlen + FSX_BIG, 1);
-	f->buf = malloc(f->maxlen + FSX_BIG);
-	f->side[0].ctx = nfs;
-	f->side[0].flags = O_RDWR | O_SYNC;
-	f->side[1].ctx = mount_export(NULL);
-	f->side[1].flags = O_RDWR;
-
+	struct fsx *f = fsx_new("fsx", &fsx_nfs_io, seed, maxlen);
+	fsx_nfs.ctx[0] = nfs;
+	fsx_nfs.flags[0] = O_RDWR | O_SYNC;
+	fsx_nfs.ctx[1] = mount_export(NULL);
+	fsx_nfs.flags[1] = O_RDWR;
 	struct nfsfh *fh;
-	int rc = nfs_create(nfs, f->path, O_TRUNC, 0644, &fh);
+	int rc = nfs_create(nfs, fsx_nfs.path, O_TRUNC, 0644, &fh);
 	if (rc < 0)
-		die("create", f->path, rc);
+		die("create", fsx_nfs.path, rc);
 	nfs_close(nfs, fh);
-	fsx_open(f, 0);
-	fsx_open(f, 1);
-
-	uint64_t rng = splitmix64(f->seed ^ 0x6673785f73656564ull); /* seeds give unrelated runs */
-	double t0 = now();
-	enum { W, R, T, C, S, O, A, BIG };
-	static const char *names[] = { "write", "read", "truncate", "commit", "stat", "reopen",
-				       "append", "big_write" };
-	for (f->log.op = 0; f->log.op < ops; f->log.op++) {
-		uint64_t r = splitmix64(rng++), r2 = splitmix64(rng++);
-		int s = r & 1;
-		unsigned pick = (r >> 1) % 100;
-		uint64_t off = r2 % f->maxlen;
-		size_t len;
-		int kind = pick < 30 ? W : pick < 60 ? R : pick < 68 ? T : pick < 73 ? C
-			 : pick < 83 ? S : pick < 87 ? O : pick < 96 ? A : BIG;
-		f->counts[kind]++;
-		double op_t0 = now();
-		switch (kind) {
-		case W:
-			if ((r >> 8) & 1) { /* page-aligned, 4k..64k */
-				off &= ~4095ull;
-				len = 4096 * (1 + (r >> 9) % 16);
-			} else {
-				len = 1 + (r >> 9) % 65536;
-			}
-			note(&f->log, "write    h%d %8" PRIu64 " +%-7zu (size %" PRIu64 ")", s, off, len, f->size);
-			fsx_write(f, s, off, len);
-			break;
-		case A:
-			len = 1 + (r >> 9) % 20000;
-			off = f->size;
-			if (off + len > f->maxlen + FSX_BIG)
-				len = f->maxlen + FSX_BIG - off;
-			if (len == 0)
-				break;
-			note(&f->log, "append   h%d %8" PRIu64 " +%-7zu (size %" PRIu64 ")", s, off, len, f->size);
-			fsx_write(f, s, off, len);
-			break;
-		case BIG: /* spans several WRITE calls of the negotiated size */
-			len = (1u << 20) + (r >> 9) % (2u << 20);
-			note(&f->log, "bigwrite h%d %8" PRIu64 " +%-7zu (size %" PRIu64 ")", s, off, len, f->size);
-			fsx_write(f, s, off, len);
-			break;
-		case R:
-			len = (r >> 8) & 1 ? 1 + (r >> 9) % 65536 : 1 + (r >> 9) % (2u << 20);
-			if ((r >> 30) % 4 == 0 && f->size > 0) /* often right at the end */
-				off = f->size - 1 - (r2 >> 20) % (f->size < 8192 ? f->size : 8192);
-			if (off + len > f->maxlen + FSX_BIG)
-				len = f->maxlen + FSX_BIG - off;
-			note(&f->log, "read     h%d %8" PRIu64 " +%-7zu (size %" PRIu64 ")", s, off, len, f->size);
-			fsx_check_read(f, s, off, len);
-			break;
-		case T: {
-			uint64_t to = (r >> 8) % 4 == 0 ? r2 % 8192 : r2 % f->maxlen;
-			note(&f->log, "truncate h%d %8" PRIu64 "          (size %" PRIu64 ")", s, to, f->size);
-			fsx_truncate(f, s, to);
-			break;
-		}
-		case C:
-			note(&f->log, "commit   h%d                   (size %" PRIu64 ")", s, f->size);
-			if ((rc = nfs_fsync(f->side[s].ctx, f->side[s].fh)) < 0)
-				fsx_fail_nfs(f, s, "fsync", rc);
-			break;
-		case S:
-			note(&f->log, "stat     h%d                   (size %" PRIu64 ")", s, f->size);
-			fsx_check_size(f, s);
-			break;
-		case O:
-			note(&f->log, "reopen   h%d                   (size %" PRIu64 ")", s, f->size);
-			if ((rc = nfs_close(f->side[s].ctx, f->side[s].fh)) < 0)
-				fsx_fail_nfs(f, s, "close", rc);
-			fsx_open(f, s);
-			break;
-		}
-		f->secs[kind] += now() - op_t0;
-	}
-	note(&f->log, "final read of the whole file (size %" PRIu64 ")", f->size);
-	for (int s = 0; s < 2; s++) {
-		if ((rc = nfs_fsync(f->side[s].ctx, f->side[s].fh)) < 0)
-			fsx_fail_nfs(f, s, "fsync", rc);
-		fsx_check_size(f, s);
-	}
-	fsx_check_read(f, 1, 0, f->size + 4096 < f->maxlen + FSX_BIG ? f->size + 4096 : f->size);
-	double secs = now() - t0;
 	for (int s = 0; s < 2; s++)
-		if ((rc = nfs_close(f->side[s].ctx, f->side[s].fh)) < 0)
-			fsx_fail_nfs(f, s, "close", rc);
-	nfs_umount(f->side[1].ctx);
-	nfs_destroy_context(f->side[1].ctx);
-	if (model_out) {
-		FILE *m = fopen(model_out, "wb");
-		if (!m || fwrite(f->model, 1, f->size, m) != f->size || fclose(m))
-			die_local("write", model_out, errno);
-	}
-	printf("{\"ok\":true,\"op\":\"fsx\",\"ops\":%ld,\"size\":%" PRIu64, ops, f->size);
-	for (int k = 0; k <= BIG; k++)
-		printf(",\"%s\":%ld,\"%s_seconds\":%.6f", names[k], f->counts[k], names[k], f->secs[k]);
-	printf(",\"seconds\":%.6f}\n", secs);
+		if ((rc = fsx_nfs_open(s)) < 0)
+			fsx_nfs_fail(&f->log, s, "open", rc);
+	fsx_run(f, ops);
+	for (int s = 0; s < 2; s++)
+		if ((rc = nfs_close(fsx_nfs.ctx[s], fsx_nfs.fh[s])) < 0)
+			fsx_nfs_fail(&f->log, s, "close", rc);
+	nfs_umount(fsx_nfs.ctx[1]);
+	nfs_destroy_context(fsx_nfs.ctx[1]);
+	if (model_out && (rc = fsx_save_model(f, model_out)) < 0)
+		die_local("write", model_out, -rc);
 	free(f->model);
 	free(f->buf);
 	free(f);
