@@ -28,6 +28,7 @@ test functions of this module through module-scoped fixtures:
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import shutil
@@ -52,6 +53,7 @@ for p in (str(TESTS), str(HERE)):
 from rig import vm  # noqa: E402
 from rig.nasd import Nasd  # noqa: E402
 from rig.netns import Netns  # noqa: E402
+from rig.nfsh import fsx_guest_binary  # noqa: E402
 import posix_helpers as ph  # noqa: E402
 
 M = "/mnt/nfs"
@@ -144,6 +146,9 @@ def workdir():
 
 
 # ===================================================================== posix
+FSX_OPS = 3000
+FSX_SEED = 20261127
+
 POSIX_SECTIONS = {
     "create": r"""
 cp /share/blob.bin $M/blob.bin
@@ -310,10 +315,19 @@ echo "tar.copy_files: $(wc -l < /tmp/copy.sha)"
 rm -rf $M/srccopy
 if [ -e $M/srccopy ]; then echo "tar.copy_removed: no"; else echo "tar.copy_removed: yes"; fi
 """,
+    "fsx": r"""
+# fsx (tests/rig/libnfs_helper/fsx-guest.c): random I/O on one file through a buffered
+# and an O_DIRECT descriptor, mmap and cache drops, every read checked against its model
+cp /share/fsx-guest /tmp/fsx-guest
+chmod 755 /tmp/fsx-guest
+/tmp/fsx-guest $M/fsx.bin {ops} {seed} 4194304 /tmp/fsx-model > /tmp/fsx.out
+echo "fsx.result: $(tail -n 1 /tmp/fsx.out)"
+echo "fsx.model_sha: $(sha256sum < /tmp/fsx-model | cut -d' ' -f1)"
+""".format(ops=FSX_OPS, seed=FSX_SEED),
 }
 POSIX_ORDER = [("create", 120), ("append", 120), ("truncate", 120), ("perms", 60),
                ("rename", 60), ("hardlink", 60), ("symlink", 60), ("mkdirp", 60),
-               ("fifo", 60), ("tarball", 300), ("fio", 300), ("tree10k", 420)]
+               ("fifo", 60), ("tarball", 300), ("fio", 300), ("fsx", 420), ("tree10k", 420)]
 
 
 @pytest.fixture(scope="module")
@@ -333,7 +347,7 @@ def posix_run(workdir, guest_image):
         script = ph.guest_program(prologue.format(opts=srv.mount_options()), POSIX_ORDER,
                                   epilogue)
         files = {"blob.bin": blob, "src.tar": tar_path.read_bytes(),
-                 **_sections(POSIX_SECTIONS)}
+                 "fsx-guest": Path(fsx_guest_binary()), **_sections(POSIX_SECTIONS)}
         res = vm.run_guest(script, ns, timeout=1500, image=guest_image, files=files)
         alive = srv.alive()
         _report(f"posix ({what})", res, srv.log())
@@ -506,6 +520,21 @@ def test_concurrent_io_verified_through_the_server(posix_run):
     assert r["fio.sha_b1"] == _file_sha(r.export / "fiob.1")
     assert r["fio.corrupt_verify"] == "failed", "fio's verification missed a zeroed block"
     assert (r.export / "fiob.0").read_bytes()[5 << 16:6 << 16] == bytes(1 << 16)
+
+
+def test_fsx_through_the_page_cache_direct_io_and_mmap(posix_run):
+    """fsx in the guest: random writes, reads, truncations, syncs and reopenings of one
+    file through a buffered and an O_DIRECT descriptor, with mmap reads and writes and
+    cache drops between them, every read checked against the program's model. The file
+    nasd stored must be the model."""
+    r = posix_run
+    r.section_ok("fsx")
+    res = json.loads(r["fsx.result"])
+    assert res["ok"] is True and res["ops"] == FSX_OPS, res
+    for kind in ("write", "read", "truncate", "commit", "reopen", "big_write", "mmap_or_dropcaches"):
+        assert res[kind] > 0, (kind, res)
+    assert (r.export / "fsx.bin").stat().st_size == res["size"]
+    assert _file_sha(r.export / "fsx.bin") == r["fsx.model_sha"]
 
 
 def test_cp_r_and_rm_rf(posix_run):

@@ -42,10 +42,11 @@ from rig.fio import ensure_build_packages, file_lock, get_cache_dir
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "libnfs_helper" / "nfsh.c"
-HEADER = HERE / "libnfs_helper" / "exerciser.h"   # included by nfsh.c
+HEADER = HERE / "libnfs_helper" / "exerciser.h"   # included by both
+GUEST_FSX_SOURCE = HERE / "libnfs_helper" / "fsx-guest.c"
 CFLAGS = ["-O2", "-g", "-Wall", "-Wextra", "-std=gnu11"]
 
-__all__ = ["nfsh_binary", "nfsh", "nfsh_lines", "run_nfsh", "NfshError",
+__all__ = ["nfsh_binary", "fsx_guest_binary", "nfsh", "nfsh_lines", "run_nfsh", "NfshError",
            "pattern_bytes", "EXIT_CHECK_FAILED"]
 
 EXIT_CHECK_FAILED = 3  # verify-pattern mismatch / readdir duplicates
@@ -88,14 +89,13 @@ def _libnfs_version() -> str:
         return ""
 
 
-def nfsh_binary(cache_dir=None) -> str:
-    """Path to the compiled nfsh (built into the cache dir on demand)."""
-    flags = _pkgconfig_libnfs()
-    src = SOURCE.read_bytes() + HEADER.read_bytes()
-    h = hashlib.sha256(src + b"\0" + " ".join(CFLAGS + flags).encode()
-                       + b"\0" + _libnfs_version().encode()).hexdigest()[:12]
+def _cached_build(name: str, source: Path, flags: list[str], key: bytes, cache_dir=None) -> str:
+    """Compiles ``source`` (which includes exerciser.h) with ``flags`` into the cache dir
+    as ``name-<hash>``, once: the hash covers both sources, the flags and ``key``."""
+    h = hashlib.sha256(source.read_bytes() + HEADER.read_bytes() + b"\0"
+                       + " ".join(flags).encode() + b"\0" + key).hexdigest()[:12]
     cdir = get_cache_dir(cache_dir)
-    out = cdir / f"nfsh-{h}"
+    out = cdir / f"{name}-{h}"
     if out.exists() and os.access(out, os.X_OK):
         return str(out)
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -103,17 +103,26 @@ def nfsh_binary(cache_dir=None) -> str:
         raise RuntimeError("no C compiler (cc) found")
     with file_lock(cdir / "nfsh.lock"):
         if not out.exists():
-            tmp = cdir / f".nfsh-{h}.tmp{os.getpid()}"
-            p = subprocess.run([cc] + CFLAGS + ["-o", str(tmp), str(SOURCE)] + flags,
+            tmp = cdir / f".{name}-{h}.tmp{os.getpid()}"
+            p = subprocess.run([cc, "-o", str(tmp), str(source)] + flags,
                                capture_output=True, text=True)
             if p.returncode != 0:
-                try:
-                    tmp.unlink()
-                except FileNotFoundError:
-                    pass
-                raise RuntimeError(f"compiling nfsh failed:\n{p.stderr}")
+                tmp.unlink(missing_ok=True)
+                raise RuntimeError(f"compiling {name} failed:\n{p.stderr}")
             os.replace(tmp, out)
     return str(out)
+
+
+def nfsh_binary(cache_dir=None) -> str:
+    """Path to the compiled nfsh (built into the cache dir on demand)."""
+    return _cached_build("nfsh", SOURCE, CFLAGS + _pkgconfig_libnfs(),
+                         _libnfs_version().encode(), cache_dir)
+
+
+def fsx_guest_binary(cache_dir=None) -> str:
+    """Path to fsx-guest, statically linked so that it runs in the test VM's minimal
+    Debian (built into the cache dir on demand, like nfsh)."""
+    return _cached_build("fsx-guest", GUEST_FSX_SOURCE, CFLAGS + ["-static"], b"", cache_dir)
 
 
 def _parse_lines(stdout: str):
