@@ -208,3 +208,36 @@ def test_nsx_namespace_changes_through_two_connections_match_a_model(srv):
             assert (m[0], m[1], m[3]) == (kind, nlink, target), (seed, path, m, on_disk[path])
             assert m[2] in (0, ino), (seed, path, m, on_disk[path])
         assert set(model) == set(on_disk), set(model) ^ set(on_disk)
+
+
+def test_fsx_writers_sharing_one_file_each_see_their_stretch_intact(srv, tmp_path):
+    """Four fsx at once on one file (eight connections), each owning a stretch of it
+    (nfsh fsx ... STRIPE): FILE_SYNC and UNSTABLE writes, COMMITs and reads of one file
+    arrive together from many connections, and every writer's reads must still find
+    exactly its own bytes, and zeros where it wrote nothing."""
+    nfsh_binary()
+    stripes, maxlen = 4, 4 << 20
+    shared = Path(srv.export_dir) / "fsx-shared"
+    shared.touch()
+    shared.chmod(0o666)
+    runs = [nfsh_popen(srv.url(), "fsx", "/fsx-shared", 3000, 40 + k, maxlen, tmp_path / f"m{k}", k)
+            for k in range(stripes)]
+    results = []
+    for k, p in enumerate(runs):
+        try:
+            out, err = p.communicate(timeout=240)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        assert p.returncode == 0, f"stripe {k}: {out[-2000:]}\n{err[-4000:]}"
+        results.append(parse_lines(out)[-1])
+    data = shared.read_bytes()
+    stretch = maxlen + (3 << 20)
+    for k, res in enumerate(results):
+        assert res["ok"] is True and res["truncate"] == 0 and res["write"] > 1000, res
+        base = k * stretch
+        model = (tmp_path / f"m{k}").read_bytes()
+        assert len(model) == res["size"] > 0
+        assert data[base:base + len(model)] == model, f"stripe {k} differs on disk"
+        assert not any(data[base + len(model):base + stretch]), f"stripe {k}: bytes past its writes"

@@ -125,7 +125,8 @@ static void mismatch(const struct oplog *l, const char *fmt, ...)
  * page-aligned, appending, and multi-MiB ones), reads at and past the end,
  * truncations up and down, syncs, size checks, reopenings, and the caller's own
  * kind (`special`, if any).  Beyond the file's size the model is kept zero, so
- * growing by truncation or by a write past the end must read back as zeroes.
+ * growing by truncation or by a write past the end must read back as zeroes.  Offsets
+ * in the model and the log are the file's less `base` (0 unless shared).
  */
 #define FSX_BIG (3u << 20)
 
@@ -151,6 +152,11 @@ struct fsx {
 	const struct fsx_io *io;
 	uint8_t *model, *buf;
 	uint64_t size, maxlen, seed;
+	/* Shared: other writers own the rest of the file, this one the bytes from `base`
+	 * for maxlen + FSX_BIG; it neither truncates nor appends, `size` is the end of what
+	 * it wrote, and the file may end anywhere beyond that. */
+	int shared;
+	uint64_t base;
 	struct oplog log;
 	long counts[9];
 	double secs[9];
@@ -163,20 +169,22 @@ static void fsx_check_read(struct fsx *f, int s, uint64_t off, size_t len)
 	size_t want = off >= f->size ? 0 : (f->size - off < len ? (size_t)(f->size - off) : len);
 	size_t got = 0;
 	while (got < len) {
-		int rc = f->io->pread(s, off + got, len - got, f->buf + got);
+		int rc = f->io->pread(s, f->base + off + got, len - got, f->buf + got);
 		if (rc < 0)
 			f->io->fail(&f->log, s, "pread", rc);
 		if (rc == 0)
 			break;
 		got += rc;
 	}
-	if (got != want)
+	/* Shared, the file may go on past what this writer wrote: holes, read as zeros. */
+	if (f->shared ? got < want : got != want)
 		mismatch(&f->log, "read of %zu at %" PRIu64 " through handle %d returned %zu bytes, "
-			 "the file holds %zu there", len, off, s, got, want);
+			 "the file holds %s%zu there", len, f->base + off, s, got, f->shared ? "at least " : "", want);
 	for (size_t i = 0; i < got; i++)
 		if (f->buf[i] != f->model[off + i])
 			mismatch(&f->log, "read of %zu at %" PRIu64 " through handle %d: byte at %" PRIu64
-				 " is 0x%02x, expected 0x%02x", len, off, s, off + i, f->buf[i], f->model[off + i]);
+				 " is 0x%02x, expected 0x%02x", len, f->base + off, s, f->base + off + i, f->buf[i],
+				 f->model[off + i]);
 }
 
 /* New bytes for [off, off+len) in the model, unlike whatever an earlier write left
@@ -193,7 +201,7 @@ static void fsx_write(struct fsx *f, int s, uint64_t off, size_t len)
 {
 	const uint8_t *data = fsx_new_bytes(f, off, len);
 	for (size_t done = 0; done < len;) {
-		int rc = f->io->pwrite(s, off + done, len - done, data + done);
+		int rc = f->io->pwrite(s, f->base + off + done, len - done, data + done);
 		if (rc < 0)
 			f->io->fail(&f->log, s, "pwrite", rc);
 		if (rc == 0)
@@ -215,8 +223,9 @@ static void fsx_check_size(struct fsx *f, int s)
 	int rc = f->io->size(s, &size);
 	if (rc < 0)
 		f->io->fail(&f->log, s, "fstat", rc);
-	if (size != f->size)
-		mismatch(&f->log, "size is %" PRIu64 " through handle %d, expected %" PRIu64, size, s, f->size);
+	if (f->shared ? f->size > 0 && size < f->base + f->size : size != f->size)
+		mismatch(&f->log, "size is %" PRIu64 " through handle %d, expected %s%" PRIu64, size, s,
+			 f->shared ? "at least " : "", f->base + f->size);
 }
 
 /* Runs `ops` operations, then syncs both handles, checks the size through both and
@@ -238,7 +247,7 @@ static void fsx_run(struct fsx *f, long ops)
 		size_t len;
 		int kind = pick < 28 ? W : pick < 56 ? R : pick < 64 ? T : pick < 69 ? C
 			 : pick < 79 ? S : pick < 83 ? O : pick < 91 ? A : pick < 96 ? BIG : SPECIAL;
-		if (kind == SPECIAL && !f->io->special)
+		if ((kind == SPECIAL && !f->io->special) || (f->shared && (kind == T || kind == A)))
 			kind = W;
 		f->counts[kind]++;
 		double op_t0 = now();
@@ -311,7 +320,7 @@ static void fsx_run(struct fsx *f, long ops)
 			f->io->fail(&f->log, s, "sync", rc);
 		fsx_check_size(f, s);
 	}
-	fsx_check_read(f, 1, 0, f->size + 4096 < cap ? f->size + 4096 : f->size);
+	fsx_check_read(f, 1, 0, f->size + 4096 < cap ? f->size + 4096 : cap);
 	double secs = now() - t0;
 	printf("{\"ok\":true,\"op\":\"%s\",\"ops\":%ld,\"size\":%" PRIu64, f->log.cmd, ops, f->size);
 	for (int k = 0; k <= SPECIAL; k++) {

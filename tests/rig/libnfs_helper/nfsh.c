@@ -125,8 +125,10 @@ static void usage(void)
 		"  mkdir PATH | rmdir PATH | unlink PATH | readlink PATH\n"
 		"  rename OLD NEW | link OLD NEW | symlink TARGET PATH\n"
 		"  chmod PATH OCTAL | truncate PATH SIZE\n"
-		"  fsx PATH OPS SEED MAXLEN [MODEL_OUT]  random I/O on one file through two\n"
+		"  fsx PATH OPS SEED MAXLEN [MODEL_OUT|- [STRIPE]]\n"
+		"                                  random I/O on one file through two\n"
 		"                                  connections, checked against a model\n"
+		"                                  (STRIPE K: its K-th stretch of a shared file)\n"
 		"  nsx DIR OPS SEED                random namespace changes and listings in a\n"
 		"                                  tree under DIR, checked against a model\n");
 	exit(2);
@@ -1239,15 +1241,17 @@ static int cmd_durable_writer(char **a)
 /* ---------------------------------------------------------------- fsx */
 
 /*
- * fsx PATH OPS SEED MAXLEN [MODEL_OUT]: the fsx engine (exerciser.h) on one file
+ * fsx PATH OPS SEED MAXLEN [MODEL_OUT|- [STRIPE]]: the fsx engine (exerciser.h) on one file
  * through two handles on two connections (two libnfs contexts, so two TCP
  * connections to the server): handle 0 writes FILE_SYNC (opened O_SYNC), handle 1
  * UNSTABLE, and each operation goes to either at random, so what one connection
  * wrote is read back through the other.  Syncs are COMMITs, truncations SETATTRs.
  * libnfs caches no file data here, so every check is a check of the server.
  * MODEL_OUT (a local path), if given, receives the model at the end, for the caller
- * to compare with the file on the server's disk.  Exit 3 on a mismatch, with the
- * last operations on stderr.
+ * to compare with the file on the server's disk.  With STRIPE K, several of them
+ * share one existing file: this one owns the K-th stretch of MAXLEN + 3 MiB bytes and
+ * neither truncates nor appends (its model is of that stretch).  Exit 3 on a
+ * mismatch, with the last operations on stderr.
  */
 static struct nfs_context *mount_export(struct nfs_url **urlp);
 
@@ -1328,21 +1332,26 @@ static int cmd_fsx(char **a, int argc)
 	fsx_nfs.path = abspath(a[0]);
 	long ops = parse_long(a[1]);
 	uint64_t seed = strtoull(a[2], NULL, 0), maxlen = parse_size(a[3]);
-	const char *model_out = argc > 4 ? a[4] : NULL;
+	const char *model_out = argc > 4 && strcmp(a[4], "-") ? a[4] : NULL;
+	long stripe = argc > 5 ? parse_long(a[5]) : -1;
 	if (maxlen < 4096 || maxlen > (1ull << 30)) {
 		fprintf(stderr, "nfsh: fsx MAXLEN must be 4k..1g\n");
 		exit(2);
 	}
 	struct fsx *f = fsx_new("fsx", &fsx_nfs_io, seed, maxlen);
+	f->shared = stripe >= 0;
+	f->base = f->shared ? (uint64_t)stripe * (maxlen + FSX_BIG) : 0;
 	fsx_nfs.ctx[0] = nfs;
 	fsx_nfs.flags[0] = O_RDWR | O_SYNC;
 	fsx_nfs.ctx[1] = mount_export(NULL);
 	fsx_nfs.flags[1] = O_RDWR;
 	struct nfsfh *fh;
-	int rc = nfs_create(nfs, fsx_nfs.path, O_TRUNC, 0644, &fh);
+	/* Shared, the file is the caller's to make, and others are writing it already. */
+	int rc = f->shared ? 0 : nfs_create(nfs, fsx_nfs.path, O_TRUNC, 0644, &fh);
 	if (rc < 0)
 		die("create", fsx_nfs.path, rc);
-	nfs_close(nfs, fh);
+	if (!f->shared)
+		nfs_close(nfs, fh);
 	for (int s = 0; s < 2; s++)
 		if ((rc = fsx_nfs_open(s)) < 0)
 			fsx_nfs_fail(&f->log, s, "open", rc);
