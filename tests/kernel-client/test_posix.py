@@ -53,7 +53,7 @@ for p in (str(TESTS), str(HERE)):
 from rig import vm  # noqa: E402
 from rig.nasd import Nasd  # noqa: E402
 from rig.netns import Netns  # noqa: E402
-from rig.nfsh import fsx_guest_binary  # noqa: E402
+from rig.nfsh import guest_exerciser_binary, nsx_tree_problems  # noqa: E402
 import posix_helpers as ph  # noqa: E402
 
 M = "/mnt/nfs"
@@ -147,6 +147,7 @@ def workdir():
 
 # ===================================================================== posix
 FSX_OPS = 3000
+NSX_OPS = 2000
 FSX_SEED = 20261127
 
 POSIX_SECTIONS = {
@@ -316,18 +317,34 @@ rm -rf $M/srccopy
 if [ -e $M/srccopy ]; then echo "tar.copy_removed: no"; else echo "tar.copy_removed: yes"; fi
 """,
     "fsx": r"""
-# fsx (tests/rig/libnfs_helper/fsx-guest.c): random I/O on one file through a buffered
-# and an O_DIRECT descriptor, mmap and cache drops, every read checked against its model
-cp /share/fsx-guest /tmp/fsx-guest
-chmod 755 /tmp/fsx-guest
-/tmp/fsx-guest $M/fsx.bin {ops} {seed} 4194304 /tmp/fsx-model > /tmp/fsx.out
+# fsx (tests/rig/libnfs_helper/guest-exerciser.c): random I/O on one file through a
+# buffered and an O_DIRECT descriptor, mmap and cache drops, every read checked
+# against its model
+cp /share/guest-exerciser /tmp/exerciser
+chmod 755 /tmp/exerciser
+/tmp/exerciser fsx $M/fsx.bin {ops} {seed} 4194304 /tmp/fsx-model > /tmp/fsx.out
 echo "fsx.result: $(tail -n 1 /tmp/fsx.out)"
 echo "fsx.model_sha: $(sha256sum < /tmp/fsx-model | cut -d' ' -f1)"
 """.format(ops=FSX_OPS, seed=FSX_SEED),
+    "nsx": r"""
+# nsx (same program): random namespace changes in a tree seen through two more mounts
+# of the export, two clients with caches of their own (nosharecache) that ask the
+# server about every name (noac, lookupcache=none), checked against a model
+O=$(awk -v m=$M '$2 == m {{print $4}}' /proc/mounts)
+mkdir -p /mnt/a /mnt/b
+mount -t nfs -o "$O,nosharecache,noac,lookupcache=none" 10.0.2.2:/ /mnt/a
+mount -t nfs -o "$O,nosharecache,noac,lookupcache=none" 10.0.2.2:/ /mnt/b
+cp /share/guest-exerciser /tmp/exerciser
+chmod 755 /tmp/exerciser
+/tmp/exerciser nsx /mnt/a /mnt/b /nsx {ops} {seed} > /tmp/nsx.out
+echo "nsx.result: $(tail -n 1 /tmp/nsx.out)"
+grep '"entry"' /tmp/nsx.out | sed 's/^/nsx.entry: /'
+umount /mnt/a /mnt/b
+""".format(ops=NSX_OPS, seed=FSX_SEED),
 }
 POSIX_ORDER = [("create", 120), ("append", 120), ("truncate", 120), ("perms", 60),
                ("rename", 60), ("hardlink", 60), ("symlink", 60), ("mkdirp", 60),
-               ("fifo", 60), ("tarball", 300), ("fio", 300), ("fsx", 420), ("tree10k", 420)]
+               ("fifo", 60), ("tarball", 300), ("fio", 300), ("fsx", 420), ("nsx", 420), ("tree10k", 420)]
 
 
 @pytest.fixture(scope="module")
@@ -347,7 +364,7 @@ def posix_run(workdir, guest_image):
         script = ph.guest_program(prologue.format(opts=srv.mount_options()), POSIX_ORDER,
                                   epilogue)
         files = {"blob.bin": blob, "src.tar": tar_path.read_bytes(),
-                 "fsx-guest": Path(fsx_guest_binary()), **_sections(POSIX_SECTIONS)}
+                 "guest-exerciser": Path(guest_exerciser_binary()), **_sections(POSIX_SECTIONS)}
         res = vm.run_guest(script, ns, timeout=1500, image=guest_image, files=files)
         alive = srv.alive()
         _report(f"posix ({what})", res, srv.log())
@@ -535,6 +552,23 @@ def test_fsx_through_the_page_cache_direct_io_and_mmap(posix_run):
         assert res[kind] > 0, (kind, res)
     assert (r.export / "fsx.bin").stat().st_size == res["size"]
     assert _file_sha(r.export / "fsx.bin") == r["fsx.model_sha"]
+
+
+def test_nsx_namespace_changes_through_two_kernel_clients(posix_run):
+    """nsx in the guest: random creates (exclusive), mkdirs, symlinks, unlinks, rmdirs,
+    renames and links in one tree through two mounts that share no cache, each answer
+    checked against a model, with listings and lookups through either mount. The tree
+    nasd stored must be the model's."""
+    r = posix_run
+    r.section_ok("nsx")
+    res = json.loads(r["nsx.result"])
+    assert res["ok"] is True and res["ops"] == NSX_OPS, res
+    for kind in ("create", "mkdir", "symlink", "unlink", "rmdir", "rename", "link"):
+        assert 0 < res[f"{kind}_errors"] < res[kind], (kind, res)
+    lines = [json.loads(line.split(": ", 1)[1]) for line in r.res.stdout.splitlines()
+             if line.startswith("nsx.entry: ")]
+    problems = nsx_tree_problems(lines, r.export / "nsx")
+    assert not problems, "\n".join(problems[:20])
 
 
 def test_cp_r_and_rm_rf(posix_run):

@@ -43,10 +43,10 @@ from rig.fio import ensure_build_packages, file_lock, get_cache_dir
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "libnfs_helper" / "nfsh.c"
 HEADER = HERE / "libnfs_helper" / "exerciser.h"   # included by both
-GUEST_FSX_SOURCE = HERE / "libnfs_helper" / "fsx-guest.c"
+GUEST_EXERCISER_SOURCE = HERE / "libnfs_helper" / "guest-exerciser.c"
 CFLAGS = ["-O2", "-g", "-Wall", "-Wextra", "-std=gnu11"]
 
-__all__ = ["nfsh_binary", "fsx_guest_binary", "nfsh", "nfsh_lines", "run_nfsh", "NfshError",
+__all__ = ["nfsh_binary", "guest_exerciser_binary", "nsx_tree_problems", "nfsh", "nfsh_lines", "run_nfsh", "NfshError",
            "pattern_bytes", "EXIT_CHECK_FAILED"]
 
 EXIT_CHECK_FAILED = 3  # verify-pattern mismatch / readdir duplicates
@@ -119,10 +119,38 @@ def nfsh_binary(cache_dir=None) -> str:
                          _libnfs_version().encode(), cache_dir)
 
 
-def fsx_guest_binary(cache_dir=None) -> str:
-    """Path to fsx-guest, statically linked so that it runs in the test VM's minimal
-    Debian (built into the cache dir on demand, like nfsh)."""
-    return _cached_build("fsx-guest", GUEST_FSX_SOURCE, CFLAGS + ["-static"], b"", cache_dir)
+def guest_exerciser_binary(cache_dir=None) -> str:
+    """Path to guest-exerciser (fsx and nsx on kernel NFS mounts), statically linked so
+    that it runs in the test VM's minimal Debian (built into the cache dir on demand,
+    like nfsh)."""
+    return _cached_build("guest-exerciser", GUEST_EXERCISER_SOURCE, CFLAGS + ["-static"], b"",
+                         cache_dir)
+
+
+def nsx_tree_problems(lines: list[dict], root: Path) -> list[str]:
+    """Differences between the tree an nsx run printed (its ``{"entry": ...}`` lines)
+    and the tree under ``root`` on the server's disk: entries, kinds, link counts,
+    symlink targets, and file ids (where the run learnt one) against inode numbers."""
+    model = {e["entry"]: (e["kind"], e["nlink"], e["fileid"], e.get("target"))
+             for e in lines if "entry" in e}
+    on_disk = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            st = p.lstat()
+            kind = ("symlink" if p.is_symlink() else "dir" if p.is_dir() else
+                    "file" if p.is_file() else "other")
+            on_disk[str(p.relative_to(root))] = (kind, st.st_nlink, st.st_ino,
+                                                 os.readlink(p) if kind == "symlink" else None)
+    problems = [f"{p}: on disk, not in the model" for p in sorted(set(on_disk) - set(model))]
+    problems += [f"{p}: in the model, not on disk" for p in sorted(set(model) - set(on_disk))]
+    for p in sorted(set(model) & set(on_disk)):
+        (kind, nlink, fileid, target), (dkind, dnlink, ino, dtarget) = model[p], on_disk[p]
+        if (kind, nlink, target) != (dkind, dnlink, dtarget) or fileid not in (0, ino):
+            problems.append(f"{p}: model {model[p]}, disk {on_disk[p]}")
+    if not model:
+        problems.append("the run printed no tree")
+    return problems
 
 
 def _parse_lines(stdout: str):

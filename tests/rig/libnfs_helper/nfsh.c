@@ -1372,463 +1372,90 @@ static int cmd_fsx(char **a, int argc)
 /* ---------------------------------------------------------------- nsx */
 
 /*
- * nsx DIR OPS SEED: a namespace exerciser.  Random CREATE, MKDIR, SYMLINK, REMOVE,
- * RMDIR, RENAME and LINK in a small tree under DIR (a few directories, a pool of names
- * per directory, so names collide and renames replace), and READDIRPLUS listings,
- * LOOKUP/GETATTR and READLINK, each through one of two connections at random and each
- * checked against a model of the tree: success or the POSIX error (EEXIST, ENOENT,
- * ENOTEMPTY, EISDIR, ENOTDIR, EINVAL for a directory moved into itself), names listed
- * exactly once, types, link counts, and one file id per object whatever name or
- * connection it is reached by.  Prints the final tree (one JSON line per entry) for
- * the caller to compare with the server's disk.  Exit 3 on a mismatch.
+ * nsx DIR OPS SEED: the nsx engine (exerciser.h) in a tree under DIR, through two
+ * connections (two libnfs contexts): CREATE, MKDIR, SYMLINK, REMOVE, RMDIR, RENAME,
+ * LINK, READDIRPLUS, LOOKUP/GETATTR and READLINK, each sent through either at random.
+ * Exit 3 on a mismatch.
  */
-#define NSX_NAMES 24
-#define NSX_DIRS 16
-#define NSX_INODES 1024
+static struct nfs_context *nsx_ctx[2];
 
-enum { NSX_FREE, NSX_FILE, NSX_DIR, NSX_LINK };
-
-struct nsx_ino {
-	int kind, nlink;
-	int parent, name;        /* directories: where they are */
-	int ents[NSX_NAMES];     /* directories: inode per name, -1 for none */
-	uint64_t fileid;         /* 0 until the server told it */
-	char target[32];         /* symlinks */
-};
-
-struct nsx {
-	struct nfs_context *ctx[2];
-	const char *base;
-	struct nsx_ino ino[NSX_INODES];
-	int dirs;
-	struct oplog log;
-};
-
-/* Set while paths are made for the operation log: "n05~" for a padded name. */
-static int nsx_short_names;
-
-/* Names of a few lengths, up to 200 bytes, so a listing spans several replies. */
-static void nsx_name(int n, char *out, size_t cap)
+static int nsx_nfs_create(int s, const char *p)
 {
-	if (nsx_short_names) {
-		snprintf(out, cap, "n%02d%s", n, (n * 37) % 5 < 2 ? "~" : "");
-		return;
-	}
-	int pad = (n * 37) % 5 == 0 ? 180 : (n * 37) % 5 == 1 ? 40 : 0;
-	snprintf(out, cap, "n%02d%.*s", n, pad,
-		 "________________________________________________________________________"
-		 "________________________________________________________________________"
-		 "____________________________________");
+	struct nfsfh *fh;
+	int rc = nfs_create(nsx_ctx[s], p, O_EXCL, 0644, &fh);
+	return rc < 0 ? rc : nfs_close(nsx_ctx[s], fh);
 }
 
-/* out = a/b; the tree is shallow enough that it always fits. */
-static void nsx_join(char *out, size_t cap, const char *a, const char *b)
+static int nsx_nfs_mkdir(int s, const char *p) { return nfs_mkdir(nsx_ctx[s], p); }
+static int nsx_nfs_symlink(int s, const char *t, const char *p) { return nfs_symlink(nsx_ctx[s], t, p); }
+static int nsx_nfs_unlink(int s, const char *p) { return nfs_unlink(nsx_ctx[s], p); }
+static int nsx_nfs_rmdir(int s, const char *p) { return nfs_rmdir(nsx_ctx[s], p); }
+static int nsx_nfs_rename(int s, const char *a, const char *b) { return nfs_rename(nsx_ctx[s], a, b); }
+static int nsx_nfs_link(int s, const char *a, const char *b) { return nfs_link(nsx_ctx[s], a, b); }
+
+static int nsx_kind_of_type(uint32_t type)
 {
-	size_t la = strlen(a), lb = strlen(b);
-	if (la + 1 + lb + 1 > cap) {
-		fprintf(stderr, "nfsh: nsx: path too long\n");
-		exit(2);
-	}
-	memmove(out, a, la);
-	out[la] = '/';
-	memcpy(out + la + 1, b, lb + 1);
+	return type == NF3REG ? NSX_FILE : type == NF3DIR ? NSX_DIR : type == NF3LNK ? NSX_LINK : -1;
 }
 
-static void nsx_dir_path(const struct nsx *x, int d, char *out, size_t cap)
+static int nsx_nfs_lstat(int s, const char *p, struct nsx_attr *a)
 {
-	if (d == 0) {
-		snprintf(out, cap, "%s", x->base);
-		return;
-	}
-	char parent[4096], name[256];
-	nsx_dir_path(x, x->ino[d].parent, parent, sizeof(parent));
-	nsx_name(x->ino[d].name, name, sizeof(name));
-	nsx_join(out, cap, parent, name);
+	struct nfs_stat_64 st;
+	int rc = nfs_lstat64(nsx_ctx[s], p, &st);
+	if (rc < 0)
+		return rc;
+	a->kind = S_ISREG(st.nfs_mode) ? NSX_FILE : S_ISDIR(st.nfs_mode) ? NSX_DIR
+		: S_ISLNK(st.nfs_mode) ? NSX_LINK : -1;
+	a->fileid = st.nfs_ino;
+	a->nlink = st.nfs_nlink;
+	return 0;
 }
 
-static void nsx_path(const struct nsx *x, int d, int n, char *out, size_t cap)
+static int nsx_nfs_readlink(int s, const char *p, char *buf, size_t cap)
 {
-	char dir[4096], name[256];
-	nsx_dir_path(x, d, dir, sizeof(dir));
-	nsx_name(n, name, sizeof(name));
-	nsx_join(out, cap, dir, name);
+	int rc = nfs_readlink(nsx_ctx[s], p, buf, cap);
+	return rc < 0 ? rc : (int)strlen(buf);
 }
 
-static int nsx_alloc(struct nsx *x, int kind)
+/* libnfs lists with READDIRPLUS: the attributes come with the names. */
+static int nsx_nfs_list(int s, const char *p, void (*each)(void *, const char *, const struct nsx_attr *), void *ctx)
 {
-	for (int i = 1; i < NSX_INODES; i++)
-		if (x->ino[i].kind == NSX_FREE) {
-			memset(&x->ino[i], 0, sizeof(x->ino[i]));
-			x->ino[i].kind = kind;
-			x->ino[i].nlink = kind == NSX_DIR ? 2 : 1;
-			for (int k = 0; k < NSX_NAMES; k++)
-				x->ino[i].ents[k] = -1;
-			return i;
-		}
-	return -1;
-}
-
-static int nsx_entries(const struct nsx *x, int d)
-{
-	int n = 0;
-	for (int k = 0; k < NSX_NAMES; k++)
-		n += x->ino[d].ents[k] >= 0;
-	return n;
-}
-
-/* Whether directory a is d or below it. */
-static int nsx_within(const struct nsx *x, int a, int d)
-{
-	for (; a != 0; a = x->ino[a].parent)
-		if (a == d)
-			return 1;
-	return d == 0;
-}
-
-/* Drops the entry (d, n); the object goes when its last name does. */
-static void nsx_unname(struct nsx *x, int d, int n)
-{
-	int i = x->ino[d].ents[n];
-	x->ino[d].ents[n] = -1;
-	if (x->ino[i].kind == NSX_DIR) {
-		x->ino[d].nlink--;
-		x->ino[i].kind = NSX_FREE;
-		x->dirs--;
-		return;
-	}
-	if (--x->ino[i].nlink == 0)
-		x->ino[i].kind = NSX_FREE;
-}
-
-static void nsx_name_it(struct nsx *x, int d, int n, int i)
-{
-	x->ino[d].ents[n] = i;
-	if (x->ino[i].kind == NSX_DIR) {
-		x->ino[i].parent = d;
-		x->ino[i].name = n;
-		x->ino[d].nlink++;
-	}
-}
-
-/* Checks a call's result: 0 where `errs` is NULL, else one of the errnos it lists. */
-static void nsx_expect(struct nsx *x, int s, const char *what, const char *path, int rc, const int *errs)
-{
-	if (!errs) {
-		if (rc < 0)
-			oplog_fail_nfs(&x->log, x->ctx[s], s, what, path, rc);
-		return;
-	}
-	for (const int *e = errs; *e; e++)
-		if (rc == -*e)
-			return;
-	mismatch(&x->log, "%s %s through connection %d: got %s, expected the error %s", what, path, s,
-		 rc < 0 ? strerror(-rc) : "success", strerror(errs[0]));
-}
-
-static const char *nsx_kind_name(int k)
-{
-	return k == NSX_FILE ? "file" : k == NSX_DIR ? "dir" : k == NSX_LINK ? "symlink" : "none";
-}
-
-/* What the server says about object i (by its attributes), against the model. */
-static void nsx_check_attrs(struct nsx *x, int i, const char *path, uint32_t type, uint64_t fileid,
-			    uint32_t nlink)
-{
-	int kind = type == NF3REG ? NSX_FILE : type == NF3DIR ? NSX_DIR : type == NF3LNK ? NSX_LINK : -1;
-	if (kind != x->ino[i].kind)
-		mismatch(&x->log, "%s is a %s, expected a %s", path, kind < 0 ? "strange type" :
-			 nsx_kind_name(kind), nsx_kind_name(x->ino[i].kind));
-	if (x->ino[i].fileid == 0)
-		x->ino[i].fileid = fileid;
-	else if (x->ino[i].fileid != fileid)
-		mismatch(&x->log, "%s has file id %" PRIu64 ", the same object had %" PRIu64, path, fileid,
-			 x->ino[i].fileid);
-	if ((int)nlink != x->ino[i].nlink)
-		mismatch(&x->log, "%s has %u links, expected %d", path, nlink, x->ino[i].nlink);
-}
-
-static void nsx_list(struct nsx *x, int s, int d)
-{
-	char path[4096], name[256], label[512];
-	nsx_short_names = 1;
-	nsx_dir_path(x, d, label, sizeof(label));
-	nsx_short_names = 0;
-	nsx_dir_path(x, d, path, sizeof(path));
 	struct nfsdir *dir;
-	int rc = nfs_opendir(x->ctx[s], path, &dir);
-	nsx_expect(x, s, "opendir", label, rc, NULL);
-	int seen[NSX_NAMES] = { 0 };
+	int rc = nfs_opendir(nsx_ctx[s], p, &dir);
+	if (rc < 0)
+		return rc;
 	struct nfsdirent *e;
-	while ((e = nfs_readdir(x->ctx[s], dir))) {
+	while ((e = nfs_readdir(nsx_ctx[s], dir))) {
 		if (!strcmp(e->name, ".") || !strcmp(e->name, ".."))
 			continue;
-		int n = -1;
-		for (int k = 0; k < NSX_NAMES && n < 0; k++) {
-			nsx_name(k, name, sizeof(name));
-			if (!strcmp(name, e->name))
-				n = k;
-		}
-		if (n < 0 || x->ino[d].ents[n] < 0)
-			mismatch(&x->log, "listing of %s through connection %d has %s, which is not there", label,
-				 s, e->name);
-		nsx_short_names = 1;
-		nsx_name(n, name, sizeof(name));
-		nsx_short_names = 0;
-		if (seen[n]++)
-			mismatch(&x->log, "listing of %s through connection %d has %s twice", label, s, name);
-		char child[1024];
-		nsx_join(child, sizeof(child), label, name);
-		nsx_check_attrs(x, x->ino[d].ents[n], child, e->type, e->inode, e->nlink);
+		struct nsx_attr a = { nsx_kind_of_type(e->type), e->inode, e->nlink };
+		each(ctx, e->name, &a);
 	}
-	nfs_closedir(x->ctx[s], dir);
-	for (int k = 0; k < NSX_NAMES; k++)
-		if (x->ino[d].ents[k] >= 0 && !seen[k]) {
-			nsx_short_names = 1;
-			nsx_name(k, name, sizeof(name));
-			nsx_short_names = 0;
-			mismatch(&x->log, "listing of %s through connection %d lacks %s", label, s, name);
-		}
+	nfs_closedir(nsx_ctx[s], dir);
+	return 0;
 }
 
-static void nsx_print_tree(const struct nsx *x, int d, const char *rel)
+static void nsx_nfs_fail(const struct oplog *l, int s, const char *what, const char *path, int rc)
+	__attribute__((noreturn));
+static void nsx_nfs_fail(const struct oplog *l, int s, const char *what, const char *path, int rc)
 {
-	char name[256], path[4096];
-	for (int k = 0; k < NSX_NAMES; k++) {
-		int i = x->ino[d].ents[k];
-		if (i < 0)
-			continue;
-		nsx_name(k, name, sizeof(name));
-		snprintf(path, sizeof(path), "%s%s%s", rel, *rel ? "/" : "", name);
-		printf("{\"entry\":");
-		json_str(stdout, path);
-		printf(",\"kind\":\"%s\",\"nlink\":%d,\"fileid\":%" PRIu64, nsx_kind_name(x->ino[i].kind),
-		       x->ino[i].nlink, x->ino[i].fileid);
-		if (x->ino[i].kind == NSX_LINK) {
-			printf(",\"target\":");
-			json_str(stdout, x->ino[i].target);
-		}
-		printf("}\n");
-		if (x->ino[i].kind == NSX_DIR)
-			nsx_print_tree(x, i, path);
-	}
+	oplog_fail_nfs(l, nsx_ctx[s], s, what, path, rc);
 }
+
+static const struct nsx_io nsx_nfs_io = {
+	.create = nsx_nfs_create, .mkdir = nsx_nfs_mkdir, .symlink = nsx_nfs_symlink,
+	.unlink = nsx_nfs_unlink, .rmdir = nsx_nfs_rmdir, .rename = nsx_nfs_rename,
+	.link = nsx_nfs_link, .lstat = nsx_nfs_lstat, .readlink = nsx_nfs_readlink,
+	.list = nsx_nfs_list, .fail = nsx_nfs_fail, .link_follows_symlinks = 1,
+};
 
 static int cmd_nsx(char **a)
 {
-	static const int eexist[] = { EEXIST, 0 }, enoent[] = { ENOENT, 0 },
-		enotempty[] = { ENOTEMPTY, EEXIST, 0 }, enotdir[] = { ENOTDIR, 0 },
-		eisdir[] = { EISDIR, EPERM, EACCES, 0 }, einval[] = { EINVAL, 0 },
-		eisdir_link[] = { EPERM, EISDIR, EACCES, EINVAL, 0 }, eisdir_rename[] = { EISDIR, 0 },
-		enotdir_rmdir[] = { ENOTDIR, 0 };
-	struct nsx *x = calloc(1, sizeof(*x));
-	x->log.cmd = "nsx";
-	x->base = abspath(a[0]);
-	long ops = parse_long(a[1]);
-	uint64_t seed = strtoull(a[2], NULL, 0);
-	x->ctx[0] = nfs;
-	x->ctx[1] = mount_export(NULL);
-	int rc = nfs_mkdir(nfs, x->base);
-	if (rc < 0)
-		die("mkdir", x->base, rc);
-	x->ino[0].kind = NSX_DIR;
-	x->ino[0].nlink = 2;
-	for (int k = 0; k < NSX_NAMES; k++)
-		x->ino[0].ents[k] = -1;
-	x->dirs = 1;
-
-	enum { CREATE, MKDIR, SYMLINK, UNLINK, RMDIR, RENAME, LINK, LIST, STAT, KINDS };
-	static const char *names[] = { "create", "mkdir", "symlink", "unlink", "rmdir", "rename",
-				       "link", "list", "stat" };
-	long counts[KINDS] = { 0 }, failures[KINDS] = { 0 };
-	uint64_t rng = splitmix64(seed ^ 0x6e73785f73656564ull);
-	char p1[4096], p2[4096], s1[512], s2[512], sd[512];
-	double t0 = now();
-	for (x->log.op = 0; x->log.op < ops; x->log.op++) {
-		uint64_t r = splitmix64(rng++), r2 = splitmix64(rng++);
-		int s = r & 1;
-		unsigned pick = (r >> 1) % 100;
-		int kind = pick < 18 ? CREATE : pick < 24 ? MKDIR : pick < 29 ? SYMLINK : pick < 40 ? UNLINK
-			 : pick < 45 ? RMDIR : pick < 63 ? RENAME : pick < 70 ? LINK : pick < 85 ? LIST : STAT;
-		/* Directories to act in, and names in them. */
-		int live[NSX_INODES], nlive = 0;
-		for (int i = 0; i < NSX_INODES; i++)
-			if (x->ino[i].kind == NSX_DIR)
-				live[nlive++] = i;
-		int d1 = live[(r >> 8) % nlive], d2 = live[(r2 >> 8) % nlive];
-		int n1 = (r >> 16) % NSX_NAMES, n2 = (r2 >> 16) % NSX_NAMES;
-		/* Half of the removals aim at something they can remove (an empty directory
-		 * anywhere, a non-directory in d1), or nearly all would fail. */
-		if ((kind == RMDIR || kind == UNLINK) && (r >> 24) & 1) {
-			int want_dir = kind == RMDIR, found = 0;
-			for (int k = 0; k < nlive && !found; k++) {
-				int c = live[(k + (r2 >> 24)) % nlive];
-				if (want_dir) {
-					if (c != 0 && nsx_entries(x, c) == 0) {
-						d1 = x->ino[c].parent, n1 = x->ino[c].name;
-						found = 1;
-					}
-					continue;
-				}
-				if (c != d1)
-					continue;
-				for (int j = 0; j < NSX_NAMES && !found; j++) {
-					int e = x->ino[c].ents[(j + n1) % NSX_NAMES];
-					if (e >= 0 && x->ino[e].kind != NSX_DIR)
-						n1 = (j + n1) % NSX_NAMES, found = 1;
-				}
-			}
-		}
-		int i1 = x->ino[d1].ents[n1], i2 = x->ino[d2].ents[n2];
-		nsx_short_names = 1;
-		nsx_path(x, d1, n1, s1, sizeof(s1));
-		nsx_path(x, d2, n2, s2, sizeof(s2));
-		nsx_dir_path(x, d1, sd, sizeof(sd));
-		nsx_short_names = 0;
-		nsx_path(x, d1, n1, p1, sizeof(p1));
-		nsx_path(x, d2, n2, p2, sizeof(p2));
-		counts[kind]++;
-		const int *errs = NULL;
-		switch (kind) {
-		case CREATE: {
-			note(&x->log, "c%d create  %s", s, s1);
-			struct nfsfh *fh = NULL;
-			errs = i1 >= 0 ? eexist : NULL;
-			rc = nfs_create(x->ctx[s], p1, O_EXCL, 0644, &fh);
-			nsx_expect(x, s, "create", s1, rc, errs);
-			if (rc == 0) {
-				nfs_close(x->ctx[s], fh);
-				nsx_name_it(x, d1, n1, nsx_alloc(x, NSX_FILE));
-			}
-			break;
-		}
-		case MKDIR:
-			if (i1 < 0 && x->dirs >= NSX_DIRS) {
-				counts[kind]--;
-				continue;
-			}
-			note(&x->log, "c%d mkdir   %s", s, s1);
-			errs = i1 >= 0 ? eexist : NULL;
-			rc = nfs_mkdir(x->ctx[s], p1);
-			nsx_expect(x, s, "mkdir", s1, rc, errs);
-			if (rc == 0) {
-				nsx_name_it(x, d1, n1, nsx_alloc(x, NSX_DIR));
-				x->dirs++;
-			}
-			break;
-		case SYMLINK: {
-			char target[32];
-			snprintf(target, sizeof(target), "t%ld", x->log.op);
-			note(&x->log, "c%d symlink %s -> %s", s, s1, target);
-			errs = i1 >= 0 ? eexist : NULL;
-			rc = nfs_symlink(x->ctx[s], target, p1);
-			nsx_expect(x, s, "symlink", s1, rc, errs);
-			if (rc == 0) {
-				int i = nsx_alloc(x, NSX_LINK);
-				snprintf(x->ino[i].target, sizeof(x->ino[i].target), "%s", target);
-				nsx_name_it(x, d1, n1, i);
-			}
-			break;
-		}
-		case UNLINK:
-			note(&x->log, "c%d unlink  %s", s, s1);
-			errs = i1 < 0 ? enoent : x->ino[i1].kind == NSX_DIR ? eisdir : NULL;
-			rc = nfs_unlink(x->ctx[s], p1);
-			nsx_expect(x, s, "unlink", s1, rc, errs);
-			if (rc == 0)
-				nsx_unname(x, d1, n1);
-			break;
-		case RMDIR:
-			note(&x->log, "c%d rmdir   %s", s, s1);
-			errs = i1 < 0 ? enoent : x->ino[i1].kind != NSX_DIR ? enotdir_rmdir
-			     : nsx_entries(x, i1) ? enotempty : NULL;
-			rc = nfs_rmdir(x->ctx[s], p1);
-			nsx_expect(x, s, "rmdir", s1, rc, errs);
-			if (rc == 0)
-				nsx_unname(x, d1, n1);
-			break;
-		case RENAME:
-			note(&x->log, "c%d rename  %s -> %s (%s over %s)", s, s1, s2,
-			     nsx_kind_name(i1 < 0 ? NSX_FREE : x->ino[i1].kind), nsx_kind_name(i2 < 0 ? NSX_FREE : x->ino[i2].kind));
-			if (i1 < 0)
-				errs = enoent;
-			else if (i1 == i2)
-				errs = NULL; /* the same object under both names: nothing to do */
-			else if (x->ino[i1].kind == NSX_DIR && nsx_within(x, d2, i1))
-				errs = einval;
-			else if (i2 >= 0 && x->ino[i2].kind == NSX_DIR && nsx_within(x, d1, i2))
-				errs = enotempty; /* onto a directory above it: Linux's answer */
-			else if (i2 >= 0 && x->ino[i1].kind == NSX_DIR && x->ino[i2].kind != NSX_DIR)
-				errs = enotdir;
-			else if (i2 >= 0 && x->ino[i1].kind != NSX_DIR && x->ino[i2].kind == NSX_DIR)
-				errs = eisdir_rename;
-			else if (i2 >= 0 && x->ino[i2].kind == NSX_DIR && nsx_entries(x, i2))
-				errs = enotempty;
-			rc = nfs_rename(x->ctx[s], p1, p2);
-			nsx_expect(x, s, "rename", s1, rc, errs);
-			if (rc == 0 && i1 != i2) {
-				if (i2 >= 0)
-					nsx_unname(x, d2, n2);
-				x->ino[d1].ents[n1] = -1;
-				if (x->ino[i1].kind == NSX_DIR)
-					x->ino[d1].nlink--;
-				nsx_name_it(x, d2, n2, i1);
-			}
-			break;
-		case LINK:
-			if (i1 >= 0 && x->ino[i1].kind == NSX_LINK) { /* libnfs follows it */
-				counts[kind]--;
-				continue;
-			}
-			note(&x->log, "c%d link    %s -> %s", s, s1, s2);
-			errs = i1 < 0 ? enoent : x->ino[i1].kind == NSX_DIR ? eisdir_link : i2 >= 0 ? eexist : NULL;
-			rc = nfs_link(x->ctx[s], p1, p2);
-			nsx_expect(x, s, "link", s1, rc, errs);
-			if (rc == 0) {
-				x->ino[i1].nlink++;
-				nsx_name_it(x, d2, n2, i1);
-			}
-			break;
-		case LIST:
-			note(&x->log, "c%d list    %s/", s, sd);
-			nsx_list(x, s, d1);
-			break;
-		case STAT: {
-			note(&x->log, "c%d stat    %s", s, s1);
-			struct nfs_stat_64 st;
-			errs = i1 < 0 ? enoent : NULL;
-			rc = nfs_lstat64(x->ctx[s], p1, &st);
-			nsx_expect(x, s, "lstat", s1, rc, errs);
-			if (rc == 0) {
-				uint32_t type = S_ISREG(st.nfs_mode) ? NF3REG : S_ISDIR(st.nfs_mode) ? NF3DIR
-					      : S_ISLNK(st.nfs_mode) ? NF3LNK : 0;
-				nsx_check_attrs(x, i1, s1, type, st.nfs_ino, st.nfs_nlink);
-			}
-			if (rc == 0 && x->ino[i1].kind == NSX_LINK) {
-				char buf[64] = { 0 };
-				rc = nfs_readlink(x->ctx[s], p1, buf, sizeof(buf) - 1);
-				nsx_expect(x, s, "readlink", s1, rc, NULL);
-				if (strcmp(buf, x->ino[i1].target))
-					mismatch(&x->log, "%s reads %s, expected %s", s1, buf, x->ino[i1].target);
-			}
-			break;
-		}
-		}
-		failures[kind] += errs != NULL;
-	}
-	x->log.op--;
-	for (int i = 0; i < NSX_INODES; i++)
-		if (x->ino[i].kind == NSX_DIR)
-			for (int s = 0; s < 2; s++)
-				nsx_list(x, s, i);
-	double secs = now() - t0;
-	nsx_print_tree(x, 0, "");
-	nfs_umount(x->ctx[1]);
-	nfs_destroy_context(x->ctx[1]);
-	printf("{\"ok\":true,\"op\":\"nsx\",\"ops\":%ld", ops);
-	for (int k = 0; k < KINDS; k++)
-		printf(",\"%s\":%ld,\"%s_errors\":%ld", names[k], counts[k], names[k], failures[k]);
-	printf(",\"seconds\":%.6f}\n", secs);
-	free(x);
+	nsx_ctx[0] = nfs;
+	nsx_ctx[1] = mount_export(NULL);
+	nsx_run(&nsx_nfs_io, "nsx", abspath(a[0]), parse_long(a[1]), strtoull(a[2], NULL, 0));
+	nfs_umount(nsx_ctx[1]);
+	nfs_destroy_context(nsx_ctx[1]);
 	return 0;
 }
 
