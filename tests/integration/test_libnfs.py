@@ -180,7 +180,7 @@ def test_nsx_namespace_changes_through_two_connections_match_a_model(srv):
         assert res["ok"] is True and res["ops"] == NSX_OPS, res
         # Each kind of change both succeeded and failed as the model said, or the mix
         # checked less than it claims.
-        for kind in ("create", "mkdir", "symlink", "unlink", "rmdir", "rename", "link"):
+        for kind in ("create", "mkdir", "symlink", "unlink", "rmdir", "rename", "link", "chmod"):
             assert 0 < res[f"{kind}_errors"] < res[kind], (seed, kind, res)
         assert res["list"] > 100 and res["stat"] > 100, res
         assert sum(1 for e in lines if "entry" in e) > 20, lines

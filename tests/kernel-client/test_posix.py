@@ -563,7 +563,7 @@ def test_nsx_namespace_changes_through_two_kernel_clients(posix_run):
     r.section_ok("nsx")
     res = json.loads(r["nsx.result"])
     assert res["ok"] is True and res["ops"] == NSX_OPS, res
-    for kind in ("create", "mkdir", "symlink", "unlink", "rmdir", "rename", "link"):
+    for kind in ("create", "mkdir", "symlink", "unlink", "rmdir", "rename", "link", "chmod"):
         assert 0 < res[f"{kind}_errors"] < res[kind], (kind, res)
     lines = [json.loads(line.split(": ", 1)[1]) for line in r.res.stdout.splitlines()
              if line.startswith("nsx.entry: ")]

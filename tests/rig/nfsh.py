@@ -34,6 +34,7 @@ import json
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -130,8 +131,9 @@ def guest_exerciser_binary(cache_dir=None) -> str:
 def nsx_tree_problems(lines: list[dict], root: Path) -> list[str]:
     """Differences between the tree an nsx run printed (its ``{"entry": ...}`` lines)
     and the tree under ``root`` on the server's disk: entries, kinds, link counts,
-    symlink targets, and file ids (where the run learnt one) against inode numbers."""
-    model = {e["entry"]: (e["kind"], e["nlink"], e["fileid"], e.get("target"))
+    permissions, symlink targets, and file ids (where the run learnt one) against inode numbers."""
+    model = {e["entry"]: (e["kind"], e["nlink"], e["fileid"], e.get("target"),
+                          None if e["kind"] == "symlink" else e["mode"])
              for e in lines if "entry" in e}
     on_disk = {}
     for dirpath, dirnames, filenames in os.walk(root):
@@ -140,13 +142,14 @@ def nsx_tree_problems(lines: list[dict], root: Path) -> list[str]:
             st = p.lstat()
             kind = ("symlink" if p.is_symlink() else "dir" if p.is_dir() else
                     "file" if p.is_file() else "other")
-            on_disk[str(p.relative_to(root))] = (kind, st.st_nlink, st.st_ino,
-                                                 os.readlink(p) if kind == "symlink" else None)
+            on_disk[str(p.relative_to(root))] = (
+                kind, st.st_nlink, st.st_ino, os.readlink(p) if kind == "symlink" else None,
+                None if kind == "symlink" else stat.S_IMODE(st.st_mode))
     problems = [f"{p}: on disk, not in the model" for p in sorted(set(on_disk) - set(model))]
     problems += [f"{p}: in the model, not on disk" for p in sorted(set(model) - set(on_disk))]
     for p in sorted(set(model) & set(on_disk)):
-        (kind, nlink, fileid, target), (dkind, dnlink, ino, dtarget) = model[p], on_disk[p]
-        if (kind, nlink, target) != (dkind, dnlink, dtarget) or fileid not in (0, ino):
+        (kind, nlink, fileid, target, mode), (dkind, dnlink, ino, dtarget, dmode) = model[p], on_disk[p]
+        if (kind, nlink, target, mode) != (dkind, dnlink, dtarget, dmode) or fileid not in (0, ino):
             problems.append(f"{p}: model {model[p]}, disk {on_disk[p]}")
     if not model:
         problems.append("the run printed no tree")

@@ -367,11 +367,12 @@ static int fsx_save_model(const struct fsx *f, const char *path)
 /*
  * The nsx engine: random creates, mkdirs, symlinks, unlinks, rmdirs, renames and
  * links in a small tree (a few directories, a pool of names per directory, so names
- * collide and renames replace), with listings, lookups and readlinks, each through
+ * collide and renames replace) and chmods, with listings, lookups and readlinks, each through
  * one of two sides (`struct nsx_io`) at random and each checked against a model of
  * the tree: success or the POSIX error (EEXIST, ENOENT, ENOTEMPTY, EISDIR, ENOTDIR,
  * EINVAL for a directory moved into itself), names listed exactly once, types, link
- * counts, and one file id per object whatever name or side it is reached by.
+ * counts, permissions, and one file id per object whatever name or side it is
+ * reached by.
  * nsx_run prints the final tree (one JSON line per entry) and a summary line.
  */
 #define NSX_NAMES 24
@@ -385,6 +386,7 @@ struct nsx_ino {
 	int parent, name;        /* directories: where they are */
 	int ents[NSX_NAMES];     /* directories: inode per name, -1 for none */
 	uint64_t fileid;         /* 0 until the server told it */
+	unsigned mode;           /* permission bits, but of symlinks */
 	char target[32];         /* symlinks */
 };
 
@@ -393,6 +395,7 @@ struct nsx_attr {
 	int kind; /* NSX_FILE, NSX_DIR, NSX_LINK, or -1 for anything else */
 	uint64_t fileid;
 	uint32_t nlink;
+	unsigned mode; /* permission bits */
 };
 
 /* The tree's two sides; paths are absolute for the side.  Each returns 0 or a
@@ -405,6 +408,7 @@ struct nsx_io {
 	int (*rmdir)(int side, const char *path);
 	int (*rename)(int side, const char *from, const char *to);
 	int (*link)(int side, const char *from, const char *to);
+	int (*chmod)(int side, const char *path, unsigned mode);
 	int (*lstat)(int side, const char *path, struct nsx_attr *a);
 	int (*readlink)(int side, const char *path, char *buf, size_t cap);
 	/* Every entry but . and .., with its attributes, to `each`. */
@@ -482,6 +486,7 @@ static int nsx_alloc(struct nsx *x, int kind)
 			memset(&x->ino[i], 0, sizeof(x->ino[i]));
 			x->ino[i].kind = kind;
 			x->ino[i].nlink = kind == NSX_DIR ? 2 : 1;
+			x->ino[i].mode = kind == NSX_DIR ? 0755 : 0644;
 			for (int k = 0; k < NSX_NAMES; k++)
 				x->ino[i].ents[k] = -1;
 			return i;
@@ -564,6 +569,8 @@ static void nsx_check_attrs(struct nsx *x, int i, const char *path, const struct
 			 x->ino[i].fileid);
 	if ((int)a->nlink != x->ino[i].nlink)
 		mismatch(&x->log, "%s has %u links, expected %d", path, a->nlink, x->ino[i].nlink);
+	if (a->kind != NSX_LINK && a->mode != x->ino[i].mode)
+		mismatch(&x->log, "%s has mode %04o, expected %04o", path, a->mode, x->ino[i].mode);
 }
 
 struct nsx_listing {
@@ -626,8 +633,8 @@ static void nsx_print_tree(const struct nsx *x, int d, const char *rel)
 		snprintf(path, sizeof(path), "%s%s%s", rel, *rel ? "/" : "", name);
 		printf("{\"entry\":");
 		json_str(stdout, path);
-		printf(",\"kind\":\"%s\",\"nlink\":%d,\"fileid\":%" PRIu64, nsx_kind_name(x->ino[i].kind),
-		       x->ino[i].nlink, x->ino[i].fileid);
+		printf(",\"kind\":\"%s\",\"nlink\":%d,\"fileid\":%" PRIu64 ",\"mode\":%u",
+		       nsx_kind_name(x->ino[i].kind), x->ino[i].nlink, x->ino[i].fileid, x->ino[i].mode);
 		if (x->ino[i].kind == NSX_LINK) {
 			printf(",\"target\":");
 			json_str(stdout, x->ino[i].target);
@@ -661,9 +668,9 @@ static void nsx_run(const struct nsx_io *io, const char *cmd, const char *base, 
 		x->ino[0].ents[k] = -1;
 	x->dirs = 1;
 
-	enum { CREATE, MKDIR, SYMLINK, UNLINK, RMDIR, RENAME, LINK, LIST, STAT, KINDS };
+	enum { CREATE, MKDIR, SYMLINK, UNLINK, RMDIR, RENAME, LINK, LIST, STAT, CHMOD, KINDS };
 	static const char *names[] = { "create", "mkdir", "symlink", "unlink", "rmdir", "rename",
-				       "link", "list", "stat" };
+				       "link", "list", "stat", "chmod" };
 	long counts[KINDS] = { 0 }, failures[KINDS] = { 0 };
 	uint64_t rng = splitmix64(seed ^ 0x6e73785f73656564ull);
 	char p1[4096], p2[4096], s1[512], s2[512], sd[512];
@@ -673,7 +680,8 @@ static void nsx_run(const struct nsx_io *io, const char *cmd, const char *base, 
 		int s = r & 1;
 		unsigned pick = (r >> 1) % 100;
 		int kind = pick < 18 ? CREATE : pick < 24 ? MKDIR : pick < 29 ? SYMLINK : pick < 40 ? UNLINK
-			 : pick < 45 ? RMDIR : pick < 63 ? RENAME : pick < 70 ? LINK : pick < 85 ? LIST : STAT;
+			 : pick < 45 ? RMDIR : pick < 63 ? RENAME : pick < 70 ? LINK : pick < 85 ? LIST
+			 : pick < 95 ? STAT : CHMOD;
 		/* Directories to act in, and names in them. */
 		int live[NSX_INODES], nlive = 0;
 		for (int i = 0; i < NSX_INODES; i++)
@@ -815,6 +823,24 @@ static void nsx_run(const struct nsx_io *io, const char *cmd, const char *base, 
 			note(&x->log, "c%d list    %s/", s, sd);
 			nsx_list(x, s, d1);
 			break;
+		case CHMOD: {
+			/* Not of symlinks: chmod follows them, to targets that do not exist. */
+			if (i1 >= 0 && x->ino[i1].kind == NSX_LINK) {
+				counts[kind]--;
+				continue;
+			}
+			static const unsigned file_modes[] = { 0644, 0600, 0640, 0444, 0755 },
+				dir_modes[] = { 0755, 0700, 0775, 0750, 0711 };
+			unsigned mode = i1 >= 0 && x->ino[i1].kind == NSX_DIR ? dir_modes[(r2 >> 32) % 5]
+				      : file_modes[(r2 >> 32) % 5];
+			note(&x->log, "c%d chmod   %s %04o", s, s1, mode);
+			errs = i1 < 0 ? enoent : NULL;
+			rc = io->chmod(s, p1, mode);
+			nsx_expect(x, s, "chmod", s1, rc, errs);
+			if (rc == 0)
+				x->ino[i1].mode = mode;
+			break;
+		}
 		case STAT: {
 			note(&x->log, "c%d stat    %s", s, s1);
 			struct nsx_attr attr;

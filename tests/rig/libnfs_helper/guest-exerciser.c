@@ -204,6 +204,7 @@ static int n_unlink(int s, const char *p) { return neg_errno(unlink(ON(s, p))); 
 static int n_rmdir(int s, const char *p) { return neg_errno(rmdir(ON(s, p))); }
 static int n_rename(int s, const char *a, const char *b) { return neg_errno(rename(ON(s, a), ON(s, b))); }
 static int n_link(int s, const char *a, const char *b) { return neg_errno(link(ON(s, a), ON(s, b))); }
+static int n_chmod(int s, const char *p, unsigned mode) { return neg_errno(chmod(ON(s, p), mode)); }
 
 static void attr_of(const struct stat *st, struct nsx_attr *a)
 {
@@ -211,6 +212,7 @@ static void attr_of(const struct stat *st, struct nsx_attr *a)
 		: S_ISLNK(st->st_mode) ? NSX_LINK : -1;
 	a->fileid = st->st_ino;
 	a->nlink = st->st_nlink;
+	a->mode = st->st_mode & 07777;
 }
 
 static int n_lstat(int s, const char *p, struct nsx_attr *a)
@@ -270,7 +272,7 @@ static void n_fail(const struct oplog *l, int s, const char *what, const char *p
 
 static const struct nsx_io n_io = {
 	.create = n_create, .mkdir = n_mkdir, .symlink = n_symlink, .unlink = n_unlink,
-	.rmdir = n_rmdir, .rename = n_rename, .link = n_link, .lstat = n_lstat,
+	.rmdir = n_rmdir, .rename = n_rename, .link = n_link, .chmod = n_chmod, .lstat = n_lstat,
 	.readlink = n_readlink, .list = n_list, .fail = n_fail,
 };
 

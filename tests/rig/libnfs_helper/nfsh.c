@@ -1392,6 +1392,7 @@ static int nsx_nfs_unlink(int s, const char *p) { return nfs_unlink(nsx_ctx[s], 
 static int nsx_nfs_rmdir(int s, const char *p) { return nfs_rmdir(nsx_ctx[s], p); }
 static int nsx_nfs_rename(int s, const char *a, const char *b) { return nfs_rename(nsx_ctx[s], a, b); }
 static int nsx_nfs_link(int s, const char *a, const char *b) { return nfs_link(nsx_ctx[s], a, b); }
+static int nsx_nfs_chmod(int s, const char *p, unsigned mode) { return nfs_chmod(nsx_ctx[s], p, (int)mode); }
 
 static int nsx_kind_of_type(uint32_t type)
 {
@@ -1408,6 +1409,7 @@ static int nsx_nfs_lstat(int s, const char *p, struct nsx_attr *a)
 		: S_ISLNK(st.nfs_mode) ? NSX_LINK : -1;
 	a->fileid = st.nfs_ino;
 	a->nlink = st.nfs_nlink;
+	a->mode = st.nfs_mode & 07777;
 	return 0;
 }
 
@@ -1428,7 +1430,7 @@ static int nsx_nfs_list(int s, const char *p, void (*each)(void *, const char *,
 	while ((e = nfs_readdir(nsx_ctx[s], dir))) {
 		if (!strcmp(e->name, ".") || !strcmp(e->name, ".."))
 			continue;
-		struct nsx_attr a = { nsx_kind_of_type(e->type), e->inode, e->nlink };
+		struct nsx_attr a = { nsx_kind_of_type(e->type), e->inode, e->nlink, e->mode & 07777 };
 		each(ctx, e->name, &a);
 	}
 	nfs_closedir(nsx_ctx[s], dir);
@@ -1445,7 +1447,7 @@ static void nsx_nfs_fail(const struct oplog *l, int s, const char *what, const c
 static const struct nsx_io nsx_nfs_io = {
 	.create = nsx_nfs_create, .mkdir = nsx_nfs_mkdir, .symlink = nsx_nfs_symlink,
 	.unlink = nsx_nfs_unlink, .rmdir = nsx_nfs_rmdir, .rename = nsx_nfs_rename,
-	.link = nsx_nfs_link, .lstat = nsx_nfs_lstat, .readlink = nsx_nfs_readlink,
+	.link = nsx_nfs_link, .chmod = nsx_nfs_chmod, .lstat = nsx_nfs_lstat, .readlink = nsx_nfs_readlink,
 	.list = nsx_nfs_list, .fail = nsx_nfs_fail, .link_follows_symlinks = 1,
 };
 
