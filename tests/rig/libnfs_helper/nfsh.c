@@ -901,7 +901,9 @@ static int cmd_hold_and_read(char **a)
 		uint64_t sum = 0;
 		int64_t n = read_all(fh, &sum);
 		double lat = now() - ts;
-		printf("{\"attempt\":%ld,\"t\":%.3f,\"wall\":%.3f,\"latency\":%.4f,",
+		/* wall to the microsecond: rounded to the millisecond it could read later
+		 * than a clock the caller reads just after the line arrives */
+		printf("{\"attempt\":%ld,\"t\":%.3f,\"wall\":%.6f,\"latency\":%.4f,",
 		       attempt, ts - t0, wall(), lat);
 		if (n >= 0) {
 			ok++;
