@@ -12,7 +12,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `import rig`
 
 from rig.nasd import Nasd  # noqa: E402
-from rig.nfsh import nfsh, nfsh_popen, nfsh_binary, nsx_tree_problems, parse_lines  # noqa: E402
+from rig.nfsh import (exerciser_lines, nfsh, nfsh_popen, nfsh_binary,  # noqa: E402
+                      nsx_tree_problems, parse_lines)
 from rig import libnfs_tools  # noqa: E402
 from rig.libnfs_tools import nfs_cp, nfs_ls  # noqa: E402
 from integration._common import make_export  # noqa: E402
@@ -133,16 +134,7 @@ def test_fsx_random_io_through_two_connections_matches_a_model(srv, tmp_path):
     runs = {seed: nfsh_popen(srv.url(), "fsx", f"/fsx{seed}", FSX_OPS, seed, "8m",
                              tmp_path / f"model{seed}")
             for seed in FSX_SEEDS}
-    results = {}
-    for seed, p in runs.items():
-        try:
-            out, err = p.communicate(timeout=240)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        assert p.returncode == 0, f"seed {seed}: {out[-2000:]}\n{err[-4000:]}"
-        results[seed] = parse_lines(out)[-1]
+    results = {seed: exerciser_lines(p, f"seed {seed}")[-1] for seed, p in runs.items()}
     for seed, res in results.items():
         assert res["ok"] is True and res["ops"] == FSX_OPS, res
         # Every kind of operation ran, or the mix checked less than it says.
@@ -168,14 +160,7 @@ def test_nsx_namespace_changes_through_two_connections_match_a_model(srv):
     nfsh_binary()
     runs = {seed: nfsh_popen(srv.url(), "nsx", f"/nsx{seed}", NSX_OPS, seed) for seed in NSX_SEEDS}
     for seed, p in runs.items():
-        try:
-            out, err = p.communicate(timeout=240)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        assert p.returncode == 0, f"seed {seed}: {out[-2000:]}\n{err[-4000:]}"
-        lines = parse_lines(out)
+        lines = exerciser_lines(p, f"seed {seed}")
         res = lines[-1]
         assert res["ok"] is True and res["ops"] == NSX_OPS, res
         # Each kind of change both succeeded and failed as the model said, or the mix
@@ -200,16 +185,7 @@ def test_fsx_writers_sharing_one_file_each_see_their_stretch_intact(srv, tmp_pat
     shared.chmod(0o666)
     runs = [nfsh_popen(srv.url(), "fsx", "/fsx-shared", 3000, 40 + k, maxlen, tmp_path / f"m{k}", k)
             for k in range(stripes)]
-    results = []
-    for k, p in enumerate(runs):
-        try:
-            out, err = p.communicate(timeout=240)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        assert p.returncode == 0, f"stripe {k}: {out[-2000:]}\n{err[-4000:]}"
-        results.append(parse_lines(out)[-1])
+    results = [exerciser_lines(p, f"stripe {k}")[-1] for k, p in enumerate(runs)]
     data = shared.read_bytes()
     stretch = maxlen + (3 << 20)
     for k, res in enumerate(results):

@@ -21,7 +21,7 @@ import urllib.request
 import pytest
 
 from rig.nasd import Nasd, free_port
-from rig.nfsh import nfsh_binary, nfsh_popen, pattern_bytes
+from rig.nfsh import exerciser_lines, nfsh_binary, nfsh_popen, pattern_bytes
 
 TRIALS = int(os.environ.get("NASD_LIBNFS_CRASH_TRIALS", "10"))
 SEED = int(os.environ.get("NASD_CRASH_SEED", "20261122"))
@@ -182,14 +182,12 @@ def test_fsx_goes_on_through_server_kills(export, tmp_path):
                 srv.kill()
                 kills += 1
                 srv.start()
-            out, err = p.communicate(timeout=300)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert p.returncode == 0, f"{out[-2000:]}\n{err[-4000:]}"
+        except BaseException:
+            p.kill()
+            p.wait()
+            raise
+        res = exerciser_lines(p, f"fsx after {kills} kills", timeout=300)[-1]
     assert kills >= 3, f"fsx ended after {kills} kills: too short to have met a crash"
-    res = json.loads(out.strip().splitlines()[-1])
     assert res["ok"] is True and res["ops"] == 15000, res
     assert (export / "fsx").read_bytes() == (tmp_path / "model").read_bytes()
     print(f"\nfsx through {kills} kills: {res}")

@@ -47,7 +47,7 @@ HEADER = HERE / "libnfs_helper" / "exerciser.h"   # included by both
 GUEST_EXERCISER_SOURCE = HERE / "libnfs_helper" / "guest-exerciser.c"
 CFLAGS = ["-O2", "-g", "-Wall", "-Wextra", "-std=gnu11"]
 
-__all__ = ["nfsh_binary", "guest_exerciser_binary", "nsx_tree_problems", "nfsh", "nfsh_lines", "run_nfsh", "NfshError",
+__all__ = ["nfsh_binary", "guest_exerciser_binary", "nsx_tree_problems", "exerciser_lines", "nfsh", "nfsh_lines", "run_nfsh", "NfshError",
            "pattern_bytes", "EXIT_CHECK_FAILED"]
 
 EXIT_CHECK_FAILED = 3  # verify-pattern mismatch / readdir duplicates
@@ -126,6 +126,20 @@ def guest_exerciser_binary(cache_dir=None) -> str:
     like nfsh)."""
     return _cached_build("guest-exerciser", GUEST_EXERCISER_SOURCE, CFLAGS + ["-static"], b"",
                          cache_dir)
+
+
+def exerciser_lines(proc: subprocess.Popen, what: str, timeout: float = 240) -> list[dict]:
+    """Waits for an ``nfsh fsx``/``nsx`` started with :func:`nfsh_popen` (killing it
+    after ``timeout``) and returns its JSON lines; fails the test, with the end of its
+    output and its last operations, unless it exited 0."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, f"{what}: exit {proc.returncode}\n{out[-2000:]}\n{err[-4000:]}"
+    return _parse_lines(out)
 
 
 def nsx_tree_problems(lines: list[dict], root: Path) -> list[str]:
