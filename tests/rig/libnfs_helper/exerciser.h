@@ -161,6 +161,8 @@ struct fsx {
 	struct oplog log;
 	long counts[9];
 	double secs[9];
+	/* Calls the backend sent again after its client library gave them up. */
+	long retries;
 };
 
 /* Reads [off, off+len) through side s and checks it against the model, short
@@ -328,7 +330,7 @@ static void fsx_run(struct fsx *f, long ops)
 		const char *name = k == SPECIAL && f->io->special_name ? f->io->special_name : names[k];
 		printf(",\"%s\":%ld,\"%s_seconds\":%.6f", name, f->counts[k], name, f->secs[k]);
 	}
-	printf(",\"seconds\":%.6f}\n", secs);
+	printf(",\"retries\":%ld,\"seconds\":%.6f}\n", f->retries, secs);
 	fflush(stdout);
 }
 

@@ -1277,32 +1277,62 @@ static struct {
 	struct nfsfh *fh[2];
 	int flags[2];
 	const char *path;
+	struct fsx *f;
 } fsx_nfs;
+
+static int fsx_nfs_open(int s);
+
+/* libnfs (4.0) gives a call up with EINTR ("Command was cancelled") when the server
+ * went away at the wrong moment, as when it is killed mid-READ, and that connection
+ * then answers nothing more.  The side gets a new context (a new connection and
+ * mount) and opens the file again by name; every fsx call can then be sent again
+ * (they are sent one at a time, and each leaves the same state whether it ran
+ * before or not).  Counted, so that runs without crashes can require none. */
+static void fsx_nfs_renew(int s)
+{
+	fsx_nfs.f->retries++;
+	struct nfs_context *old = fsx_nfs.ctx[s];
+	fsx_nfs.ctx[s] = mount_export(NULL);
+	if (s == 0)
+		nfs = fsx_nfs.ctx[0]; /* main unmounts it at the end */
+	nfs_destroy_context(old);
+	int rc = fsx_nfs_open(s);
+	if (rc < 0)
+		oplog_fail_nfs(&fsx_nfs.f->log, fsx_nfs.ctx[s], s, "open again", fsx_nfs.path, rc);
+}
+
+#define FSX_NFS_CALL(s, call)                                                          \
+	({                                                                             \
+		int rc_, tries_ = 0;                                                   \
+		while ((rc_ = (call)) == -EINTR && tries_++ < 3)                     \
+			fsx_nfs_renew(s);                                              \
+		rc_;                                                                   \
+	})
 
 static int fsx_nfs_pwrite(int s, uint64_t off, size_t len, const uint8_t *buf)
 {
-	return nfs_pwrite(fsx_nfs.ctx[s], fsx_nfs.fh[s], off, len, (const void *)buf);
+	return FSX_NFS_CALL(s, nfs_pwrite(fsx_nfs.ctx[s], fsx_nfs.fh[s], off, len, (const void *)buf));
 }
 
 static int fsx_nfs_pread(int s, uint64_t off, size_t len, uint8_t *buf)
 {
-	return nfs_pread(fsx_nfs.ctx[s], fsx_nfs.fh[s], off, len, (void *)buf);
+	return FSX_NFS_CALL(s, nfs_pread(fsx_nfs.ctx[s], fsx_nfs.fh[s], off, len, (void *)buf));
 }
 
 static int fsx_nfs_truncate(int s, uint64_t size)
 {
-	return nfs_ftruncate(fsx_nfs.ctx[s], fsx_nfs.fh[s], size);
+	return FSX_NFS_CALL(s, nfs_ftruncate(fsx_nfs.ctx[s], fsx_nfs.fh[s], size));
 }
 
 static int fsx_nfs_sync(int s)
 {
-	return nfs_fsync(fsx_nfs.ctx[s], fsx_nfs.fh[s]);
+	return FSX_NFS_CALL(s, nfs_fsync(fsx_nfs.ctx[s], fsx_nfs.fh[s]));
 }
 
 static int fsx_nfs_size(int s, uint64_t *size)
 {
 	struct nfs_stat_64 st;
-	int rc = nfs_fstat64(fsx_nfs.ctx[s], fsx_nfs.fh[s], &st);
+	int rc = FSX_NFS_CALL(s, nfs_fstat64(fsx_nfs.ctx[s], fsx_nfs.fh[s], &st));
 	*size = st.nfs_size;
 	return rc;
 }
@@ -1314,8 +1344,13 @@ static int fsx_nfs_open(int s)
 
 static int fsx_nfs_reopen(int s)
 {
+	/* A close is not sent again: libnfs frees the handle whatever the outcome. */
 	int rc = nfs_close(fsx_nfs.ctx[s], fsx_nfs.fh[s]);
-	return rc < 0 ? rc : fsx_nfs_open(s);
+	if (rc == -EINTR) {
+		fsx_nfs_renew(s); /* opens it again */
+		return 0;
+	}
+	return rc < 0 ? rc : FSX_NFS_CALL(s, fsx_nfs_open(s));
 }
 
 static void fsx_nfs_fail(const struct oplog *l, int s, const char *what, int rc) __attribute__((noreturn));
@@ -1341,6 +1376,7 @@ static int cmd_fsx(char **a, int argc)
 		exit(2);
 	}
 	struct fsx *f = fsx_new("fsx", &fsx_nfs_io, seed, maxlen);
+	fsx_nfs.f = f;
 	f->shared = stripe >= 0;
 	f->base = f->shared ? (uint64_t)stripe * (maxlen + FSX_BIG) : 0;
 	fsx_nfs.ctx[0] = nfs;
