@@ -1359,7 +1359,7 @@ static void fsx_nfs_fail(const struct oplog *l, int s, const char *what, int rc)
 	oplog_fail_nfs(l, fsx_nfs.ctx[s], s, what, fsx_nfs.path, rc);
 }
 
-static const struct fsx_io fsx_nfs_io = {
+static struct fsx_io fsx_nfs_io = {
 	.pwrite = fsx_nfs_pwrite, .pread = fsx_nfs_pread, .truncate = fsx_nfs_truncate,
 	.sync = fsx_nfs_sync, .size = fsx_nfs_size, .reopen = fsx_nfs_reopen, .fail = fsx_nfs_fail,
 };
@@ -1375,6 +1375,11 @@ static int cmd_fsx(char **a, int argc)
 		fprintf(stderr, "nfsh: fsx MAXLEN must be 4k..1g\n");
 		exit(2);
 	}
+	/* NFSH_FSX_REREAD=1 (crash tests): a read that differs is read again through a new
+	 * connection before it counts; a match then is counted as a wrong reply. */
+	const char *reread = getenv("NFSH_FSX_REREAD");
+	if (reread && atoi(reread))
+		fsx_nfs_io.renew = fsx_nfs_renew;
 	struct fsx *f = fsx_new("fsx", &fsx_nfs_io, seed, maxlen);
 	fsx_nfs.f = f;
 	f->shared = stripe >= 0;
