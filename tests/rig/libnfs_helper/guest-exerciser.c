@@ -67,7 +67,8 @@ static int g_size(int s, uint64_t *size)
 {
 	struct stat st;
 	int rc = neg_errno(fstat(g.fd[s], &st));
-	*size = (uint64_t)st.st_size;
+	if (rc == 0)
+		*size = (uint64_t)st.st_size;
 	return rc;
 }
 

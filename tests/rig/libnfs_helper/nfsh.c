@@ -1290,7 +1290,6 @@ static int fsx_nfs_open(int s);
  * before or not).  Counted, so that runs without crashes can require none. */
 static void fsx_nfs_renew(int s)
 {
-	fsx_nfs.f->retries++;
 	struct nfs_context *old = fsx_nfs.ctx[s];
 	fsx_nfs.ctx[s] = mount_export(NULL);
 	if (s == 0)
@@ -1304,8 +1303,10 @@ static void fsx_nfs_renew(int s)
 #define FSX_NFS_CALL(s, call)                                                          \
 	({                                                                             \
 		int rc_, tries_ = 0;                                                   \
-		while ((rc_ = (call)) == -EINTR && tries_++ < 3)                     \
+		while ((rc_ = (call)) == -EINTR && tries_++ < 3) {                   \
+			fsx_nfs.f->retries++;                                          \
 			fsx_nfs_renew(s);                                              \
+		}                                                                      \
 		rc_;                                                                   \
 	})
 
@@ -1333,7 +1334,8 @@ static int fsx_nfs_size(int s, uint64_t *size)
 {
 	struct nfs_stat_64 st;
 	int rc = FSX_NFS_CALL(s, nfs_fstat64(fsx_nfs.ctx[s], fsx_nfs.fh[s], &st));
-	*size = st.nfs_size;
+	if (rc == 0)
+		*size = st.nfs_size;
 	return rc;
 }
 
@@ -1347,6 +1349,7 @@ static int fsx_nfs_reopen(int s)
 	/* A close is not sent again: libnfs frees the handle whatever the outcome. */
 	int rc = nfs_close(fsx_nfs.ctx[s], fsx_nfs.fh[s]);
 	if (rc == -EINTR) {
+		fsx_nfs.f->retries++;
 		fsx_nfs_renew(s); /* opens it again */
 		return 0;
 	}
