@@ -144,10 +144,6 @@ struct fsx_io {
 	int (*reopen)(int side);
 	/* A failed call: report it and exit. */
 	void (*fail)(const struct oplog *l, int side, const char *what, int rc) __attribute__((noreturn));
-	/* Optional: a read that differed from the model is read again through a fresh
-	 * connection (renew the side) before it counts as a mismatch; if it then matches,
-	 * the wrong bytes were in the reply, not in the file, and it is counted. */
-	void (*renew)(int side);
 	/* Optional: one operation of the caller's own, given two random words. */
 	void (*special)(struct fsx *f, int side, uint64_t r, uint64_t r2);
 	const char *special_name;
@@ -165,14 +161,10 @@ struct fsx {
 	struct oplog log;
 	long counts[9];
 	double secs[9];
-	/* Calls the backend sent again after its client library gave them up. */
+	/* Calls the backend sent again on a new connection after theirs was lost. */
 	long retries;
-	/* Reads whose reply differed from the model while the file did not. */
-	long wrong_replies;
 };
 
-/* Reads [off, off+len) through side s and checks it against the model, short
- * reads at the end of the file included. */
 /* Reads [off, off+len) through side s; the first byte that differs from the model,
  * or -1 (short reads at the end of the file included: `got` says how many came). */
 static int64_t fsx_read_diff(struct fsx *f, int s, uint64_t off, size_t len, size_t *got)
@@ -199,18 +191,6 @@ static void fsx_check_read(struct fsx *f, int s, uint64_t off, size_t len)
 	size_t want = off >= f->size ? 0 : (f->size - off < len ? (size_t)(f->size - off) : len);
 	size_t got;
 	int64_t bad = fsx_read_diff(f, s, off, len, &got);
-	if (bad >= 0 && f->io->renew) {
-		uint8_t seen = f->buf[bad];
-		f->io->renew(s);
-		int64_t again = fsx_read_diff(f, s, off, len, &got);
-		if (again < 0) {
-			f->wrong_replies++;
-			fprintf(stderr, "%s op %ld: read of %zu at %" PRIu64 " through handle %d had 0x%02x at %" PRIu64
-				" where the file holds 0x%02x; read again through a new connection, it matched\n",
-				f->log.cmd, f->log.op, len, f->base + off, s, seen, f->base + off + bad, f->model[off + bad]);
-		}
-		bad = again;
-	}
 	/* Shared, the file may go on past what this writer wrote: holes, read as zeros. */
 	if (f->shared ? got < want : got != want)
 		mismatch(&f->log, "read of %zu at %" PRIu64 " through handle %d returned %zu bytes, "
@@ -361,7 +341,7 @@ static void fsx_run(struct fsx *f, long ops)
 		const char *name = k == SPECIAL && f->io->special_name ? f->io->special_name : names[k];
 		printf(",\"%s\":%ld,\"%s_seconds\":%.6f", name, f->counts[k], name, f->secs[k]);
 	}
-	printf(",\"retries\":%ld,\"wrong_replies\":%ld,\"seconds\":%.6f}\n", f->retries, f->wrong_replies, secs);
+	printf(",\"retries\":%ld,\"seconds\":%.6f}\n", f->retries, secs);
 	fflush(stdout);
 }
 

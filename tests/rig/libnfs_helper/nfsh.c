@@ -1256,6 +1256,9 @@ static int cmd_durable_writer(char **a)
  * mismatch, with the last operations on stderr.
  */
 static struct nfs_context *mount_export(struct nfs_url **urlp);
+static struct nfs_context *mount_export_or(struct nfs_url **urlp, int *rc);
+/* Contexts are made with libnfs's own reconnecting turned off (fsx: see fsx_nfs_renew). */
+static int g_no_autoreconnect;
 
 /* A call that failed where the model says it must succeed: exit 1. */
 static void oplog_fail_nfs(const struct oplog *l, struct nfs_context *ctx, int s, const char *what,
@@ -1282,28 +1285,52 @@ static struct {
 
 static int fsx_nfs_open(int s);
 
-/* libnfs (4.0) gives a call up with EINTR ("Command was cancelled") when the server
- * went away at the wrong moment, as when it is killed mid-READ, and that connection
- * then answers nothing more.  The side gets a new context (a new connection and
- * mount) and opens the file again by name; every fsx call can then be sent again
- * (they are sent one at a time, and each leaves the same state whether it ran
- * before or not).  Counted, so that runs without crashes can require none. */
+/* A side never lets libnfs reconnect by itself (g_no_autoreconnect).  libnfs 4.0 keeps the part of a reply
+ * it had read when its connection broke and fills the rest from the new connection,
+ * record mark first, so a READ cut off mid-reply (a server killed while sending it)
+ * came back with another reply's bytes in its data, and the stream after it was out
+ * of step (docs/reliability.md, "A reply cut off mid-send").  With auto-reconnect off,
+ * a lost connection fails the call; the side then gets a new context (a new
+ * connection and mount) and opens the file again by name, and the call is sent again:
+ * they are sent one at a time, and each leaves the same state whether it ran before
+ * or not.  Counted, so that runs without crashes can require none. */
 static void fsx_nfs_renew(int s)
 {
-	struct nfs_context *old = fsx_nfs.ctx[s];
-	fsx_nfs.ctx[s] = mount_export(NULL);
+	struct nfs_context *old = fsx_nfs.ctx[s], *ctx;
+	/* The server may be on its way back up: try again for as long as a call may wait. */
+	const char *e = getenv("NFSH_TIMEOUT_MS");
+	double give_up = now() + (e ? atoi(e) : 60000) / 1000.0;
+	int rc;
+	while (!(ctx = mount_export_or(NULL, &rc))) {
+		if (now() > give_up)
+			oplog_fail_nfs(&fsx_nfs.f->log, old, s, "mount again", g_url, rc);
+		usleep(50 * 1000);
+	}
+	fsx_nfs.ctx[s] = ctx;
 	if (s == 0)
 		nfs = fsx_nfs.ctx[0]; /* main unmounts it at the end */
-	nfs_destroy_context(old);
-	int rc = fsx_nfs_open(s);
+	/* The old context is closed, not destroyed: destroying it would call back the
+	 * calls the failed one left queued, and libnfs's sync calls keep their callback
+	 * data on the stack of the call that has returned (a crash in libnfs 4.0). */
+	close(nfs_get_fd(old));
+	rc = fsx_nfs_open(s);
 	if (rc < 0)
 		oplog_fail_nfs(&fsx_nfs.f->log, fsx_nfs.ctx[s], s, "open again", fsx_nfs.path, rc);
+}
+
+/* The call failed because its connection did: given up (EINTR: cancelled or timed
+ * out), or the sync loop's service of the socket failed (EIO, "nfs_service failed"),
+ * as opposed to an NFS error in a reply, which is the server's answer. */
+static int fsx_nfs_connection_lost(int s, int rc)
+{
+	const char *e = nfs_get_error(fsx_nfs.ctx[s]);
+	return rc == -EINTR || (rc == -EIO && e && strstr(e, "nfs_service failed"));
 }
 
 #define FSX_NFS_CALL(s, call)                                                          \
 	({                                                                             \
 		int rc_, tries_ = 0;                                                   \
-		while ((rc_ = (call)) == -EINTR && tries_++ < 3) {                   \
+		while ((rc_ = (call)) < 0 && fsx_nfs_connection_lost(s, rc_) && tries_++ < 3) { \
 			fsx_nfs.f->retries++;                                          \
 			fsx_nfs_renew(s);                                              \
 		}                                                                      \
@@ -1348,7 +1375,7 @@ static int fsx_nfs_reopen(int s)
 {
 	/* A close is not sent again: libnfs frees the handle whatever the outcome. */
 	int rc = nfs_close(fsx_nfs.ctx[s], fsx_nfs.fh[s]);
-	if (rc == -EINTR) {
+	if (rc < 0 && fsx_nfs_connection_lost(s, rc)) {
 		fsx_nfs.f->retries++;
 		fsx_nfs_renew(s); /* opens it again */
 		return 0;
@@ -1378,11 +1405,6 @@ static int cmd_fsx(char **a, int argc)
 		fprintf(stderr, "nfsh: fsx MAXLEN must be 4k..1g\n");
 		exit(2);
 	}
-	/* NFSH_FSX_REREAD=1 (crash tests): a read that differs is read again through a new
-	 * connection before it counts; a match then is counted as a wrong reply. */
-	const char *reread = getenv("NFSH_FSX_REREAD");
-	if (reread && atoi(reread))
-		fsx_nfs_io.renew = fsx_nfs_renew;
 	struct fsx *f = fsx_new("fsx", &fsx_nfs_io, seed, maxlen);
 	fsx_nfs.f = f;
 	f->shared = stripe >= 0;
@@ -1508,9 +1530,10 @@ static int cmd_nsx(char **a)
 }
 
 /* A context with the export of g_url mounted (a TCP connection of its own), set up
- * from the environment; exits on failure.  *urlp, if asked for, keeps the parsed URL
- * (for nfs_destroy_url). */
-static struct nfs_context *mount_export(struct nfs_url **urlp)
+ * from the environment.  If the mount fails: with rc, NULL and *rc set; without,
+ * exits with the failure reported.  *urlp, if asked for, keeps the parsed URL (for
+ * nfs_destroy_url). */
+static struct nfs_context *mount_export_or(struct nfs_url **urlp, int *rc)
 {
 	struct nfs_context *ctx = nfs_init_context();
 	if (!ctx) {
@@ -1525,6 +1548,8 @@ static struct nfs_context *mount_export(struct nfs_url **urlp)
 	if ((e = getenv("NFSH_DEBUG")))
 		nfs_set_debug(ctx, atoi(e));
 	nfs_set_dircache(ctx, (e = getenv("NFSH_DIRCACHE")) && atoi(e));
+	if (g_no_autoreconnect)
+		nfs_set_autoreconnect(ctx, 0); /* taken up by nfs_mount, not after it */
 
 	/* Parses server/export and applies ?nfsport=&mountport=&version=... */
 	struct nfs_url *url = nfs_parse_url_dir(ctx, g_url);
@@ -1536,15 +1561,27 @@ static struct nfs_context *mount_export(struct nfs_url **urlp)
 		printf("}\n");
 		exit(1);
 	}
-	int rc = nfs_mount(ctx, url->server, url->path);
-	if (rc < 0)
-		die("mount", url->path, rc);
+	int mrc = nfs_mount(ctx, url->server, url->path);
+	if (mrc < 0 && !rc)
+		die("mount", url->path, mrc); /* reports this context's error */
+	if (mrc < 0) {
+		*rc = mrc;
+		nfs_destroy_url(url);
+		nfs_destroy_context(ctx);
+		nfs = saved;
+		return NULL;
+	}
 	nfs = saved ? saved : ctx;
 	if (urlp)
 		*urlp = url;
 	else
 		nfs_destroy_url(url);
 	return ctx;
+}
+
+static struct nfs_context *mount_export(struct nfs_url **urlp)
+{
+	return mount_export_or(urlp, NULL);
 }
 
 /* ---------------------------------------------------------------- main */
@@ -1587,6 +1624,7 @@ int main(int argc, char **argv)
 		usage();
 
 	struct nfs_url *url;
+	g_no_autoreconnect = !strcmp(cmd, "fsx");
 	nfs = mount_export(&url);
 	int rc;
 
