@@ -1,6 +1,6 @@
 """POSIX semantics of nasd through the Linux kernel NFSv3 client.
 
-Four guest boots (each ~13 s under TCG plus its workload), shared by the
+Five guest boots (each ~13 s under TCG plus its workload), shared by the
 test functions of this module through module-scoped fixtures:
 
 * ``posix_run``: nasd ``--no-root-squash``, explicit ports; sections for
@@ -20,6 +20,9 @@ test functions of this module through module-scoped fixtures:
 * ``crash_run``: the guest writes files (fsync, O_SYNC, close, rename, rm) while
   the host SIGKILLs and restarts nasd three times; every finished file must be
   on the server intact (the new write verifier makes the client resend).
+* ``cut_run``: nsx and fsx with the guest's NFS connections through a relay that
+  breaks them in the middle of calls and replies; the client's retransmissions on
+  the new connections must be answered as the first sending was.
 
     python3 -m pytest tests/kernel-client/test_posix.py -s
     NASD_KEEP_GUEST=1 ...   # keep the guest's share dir (stdout/stderr/console)
@@ -51,6 +54,7 @@ for p in (str(TESTS), str(HERE)):
         sys.path.insert(0, p)
 
 from rig import vm  # noqa: E402
+from rig.cutter import ConnectionCutter  # noqa: E402
 from rig.nasd import Nasd  # noqa: E402
 from rig.netns import Netns  # noqa: E402
 from rig.nfsh import guest_exerciser_binary, nsx_tree_problems  # noqa: E402
@@ -973,3 +977,102 @@ def test_kernel_client_data_survives_server_kills(crash_run):
           f"direct_size_at_kill={ev['direct_size_at_kill']} app_write_bytes={app} "
           f"server_write_bytes={b[5]} resent={b[5] - app}")
     assert b[5] > app, "the client never resent data after the write verifier changed"
+
+
+# ================================================================== cut
+# The guest's NFS traffic (not MOUNT's) goes through rig/cutter.py in the namespace:
+# now and then it passes only the first part of a record and closes the connection.
+# The kernel client connects again and sends every call it has no reply to again,
+# with the same XID. A cut-off call must not have been carried out; a cut-off reply's
+# call was, and if it changes something, its retransmission must get the first
+# answer from nasd's duplicate request cache (the key leaves out the client's port),
+# not run again: a CREATE would answer EEXIST, a REMOVE ENOENT.
+CUT_NSX_OPS = 1500
+CUT_FSX_OPS = 800
+# NFSv3 procedures nasd keeps in its duplicate request cache (nfs3/mod.rs).
+NON_IDEMPOTENT = {2, 7, 8, 9, 10, 11, 12, 13, 14, 15, 21}
+
+
+def _cut_chance(is_reply: bool, procedure: int | None, record_len: int) -> float:
+    if is_reply:
+        return 0.04 if procedure in NON_IDEMPOTENT or record_len > 65536 else 0.0
+    return 0.01 if record_len > 4096 else 0.002
+
+
+CUT_SECTIONS = {
+    "cutnsx": POSIX_SECTIONS["nsx"].replace(
+        f"{NSX_OPS} {FSX_SEED}", f"{CUT_NSX_OPS} {FSX_SEED}").replace("nsx.", "cutnsx."),
+    "cutfsx": POSIX_SECTIONS["fsx"].replace(
+        f"{FSX_OPS} {FSX_SEED}", f"{CUT_FSX_OPS} {FSX_SEED}").replace("fsx.", "cutfsx."),
+}
+
+
+@pytest.fixture(scope="module")
+def cut_run(workdir, guest_image):
+    export = _fresh_export(workdir("cut"))
+    mport = 9102
+    with Netns() as ns, Nasd(export, args=["--no-root-squash", "--metrics", f"127.0.0.1:{mport}"],
+                             netns=ns) as srv:
+        cutter = ns.call(lambda: ConnectionCutter(srv.port, FSX_SEED, _cut_chance), timeout=30)
+        opts = (f"vers=3,proto=tcp,port={cutter.port},mountport={srv.port},"
+                f"mountproto=tcp,nolock")
+        prologue = (f"timeout 120 mount -t nfs -o {opts} 10.0.2.2:/ {M}\n"
+                    f'echo "result mount: $?"')
+        epilogue = f'sync; timeout 120 umount {M}; echo "result umount: $?"'
+        script = ph.guest_program(prologue, [("cutnsx", 600), ("cutfsx", 600)], epilogue)
+        try:
+            res = vm.run_guest(script, ns, timeout=1500, image=guest_image,
+                               files={"guest-exerciser": Path(guest_exerciser_binary()),
+                                      **_sections(CUT_SECTIONS)})
+        finally:
+            cutter.close()
+        metrics = ns.call(lambda: urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics",
+                                                         timeout=10).read().decode(), timeout=30)
+        alive = srv.alive()
+        _report("cut", res, srv.log())
+    print(f"cut: replies cut by procedure {dict(cutter.replies_cut_by_procedure)}")
+    return Run(res, export, cutter=cutter, metrics=metrics, server_alive=alive)
+
+
+def test_nsx_through_connections_cut_mid_record(cut_run):
+    """nsx through two more mounts while connections break mid-record: every answer
+    (success or the POSIX error) must be the model's, so no retransmitted CREATE,
+    REMOVE, RENAME or LINK ran twice, and the tree nasd stored must be the model's."""
+    r = cut_run
+    assert r.server_alive
+    r.section_ok("cutnsx")
+    res = json.loads(r["cutnsx.result"])
+    assert res["ok"] is True and res["ops"] == CUT_NSX_OPS, res
+    lines = [json.loads(line.split(": ", 1)[1]) for line in r.res.stdout.splitlines()
+             if line.startswith("cutnsx.entry: ")]
+    problems = nsx_tree_problems(lines, r.export / "nsx")
+    assert not problems, "\n".join(problems[:20])
+
+
+def test_fsx_through_connections_cut_mid_record(cut_run):
+    """fsx (buffered, O_DIRECT, mmap) while connections break in the middle of READ
+    replies, WRITE calls and WRITE/COMMIT replies: every read must match the model and
+    the file nasd stored must be the model."""
+    r = cut_run
+    r.section_ok("cutfsx")
+    res = json.loads(r["cutfsx.result"])
+    assert res["ok"] is True and res["ops"] == CUT_FSX_OPS, res
+    assert _file_sha(r.export / "cutfsx.bin") == r["cutfsx.model_sha"]
+
+
+def test_retransmissions_after_cut_replies_are_answered_from_the_cache(cut_run):
+    """Each cut reply to a call that changes something is followed by the client's
+    retransmission on a new connection, which nasd must answer from its duplicate
+    request cache: at least as many cache hits as such replies cut. Cut calls and
+    replies in both directions must have happened, or the run tested nothing."""
+    r = cut_run
+    c = r.cutter
+    changing = sum(n for proc, n in c.replies_cut_by_procedure.items() if proc in NON_IDEMPOTENT)
+    assert changing >= 5 and c.calls_cut >= 3, (
+        f"too few cuts to test anything: {c.calls_cut} calls, replies by procedure "
+        f"{dict(c.replies_cut_by_procedure)}")
+    hits = [line for line in r.metrics.splitlines() if line.startswith("nasd_drc_hits_total")]
+    assert hits, "no nasd_drc_hits_total in the metrics"
+    print(f"\ncut: {c.connections} connections, {c.calls_cut} calls and {c.replies_cut} "
+          f"replies cut ({changing} to calls that change something); {hits[0]}")
+    assert float(hits[0].split()[-1]) >= changing, (hits, dict(c.replies_cut_by_procedure))

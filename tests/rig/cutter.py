@@ -6,32 +6,46 @@ which ones are cut, and where, follows a seeded random sequence."""
 
 from __future__ import annotations
 
+import collections
 import random
 import socket
 import struct
 import threading
+from typing import Callable
 
 LAST_FRAGMENT = 0x80000000
+
+# chance(is_reply, procedure, record_len) -> probability of cutting that record; the
+# procedure is the call's (for a reply, that of the call with its XID), None if unknown.
+Chance = Callable[[bool, "int | None", int], float]
+
+
+def sized_chance(reply_cut: float = 0.05, call_cut: float = 0.01,
+                 min_cut_reply: int = 65536, min_cut_call: int = 4096) -> Chance:
+    """Replies of at least min_cut_reply bytes (READ data) and calls of at least
+    min_cut_call bytes (WRITE data), not the small calls of a mount or a lookup."""
+    def chance(is_reply: bool, procedure: int | None, record_len: int) -> float:
+        least, p = (min_cut_reply, reply_cut) if is_reply else (min_cut_call, call_cut)
+        return p if record_len - 4 >= least else 0.0
+    return chance
 
 
 class ConnectionCutter:
     """Listens on a loopback port of its own and relays each connection to
-    127.0.0.1:target_port. A reply of at least min_cut_reply bytes is cut with
-    probability reply_cut, a call of at least min_cut_call bytes (a WRITE, not the small
-    calls of a mount or a lookup) with probability call_cut. A cut sends the
-    record's first bytes (anywhere from inside its record mark to its last byte but
-    one), then closes both sides."""
+    127.0.0.1:target_port (made in the caller's network namespace, as are the
+    relay's threads). Each whole record is cut with the probability `chance` gives
+    it: the relay sends its first bytes (anywhere from inside the record mark to its
+    last byte but one), then closes both sides. Counts what it cut, by procedure."""
 
-    def __init__(self, target_port: int, seed: int, reply_cut: float = 0.05,
-                 call_cut: float = 0.01, min_cut_reply: int = 65536, min_cut_call: int = 4096):
+    def __init__(self, target_port: int, seed: int, chance: Chance | None = None):
         self.target_port = target_port
-        self.reply_cut, self.call_cut = reply_cut, call_cut
-        self.min_cut_reply, self.min_cut_call = min_cut_reply, min_cut_call
+        self.chance = chance or sized_chance()
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self.connections = 0
         self.replies_cut = 0
         self.calls_cut = 0
+        self.replies_cut_by_procedure: collections.Counter[int | None] = collections.Counter()
         self._listener = socket.socket()
         self._listener.bind(("127.0.0.1", 0))
         self._listener.listen(16)
@@ -63,23 +77,34 @@ class ConnectionCutter:
             with self._lock:
                 self.connections += 1
             pair = (client, server)
-            threading.Thread(target=self._relay, args=(client, server, pair, False), daemon=True).start()
-            threading.Thread(target=self._relay, args=(server, client, pair, True), daemon=True).start()
+            procedures: dict[int, int] = {}   # XID -> procedure of the calls relayed
+            threading.Thread(target=self._relay, args=(client, server, pair, False, procedures),
+                             daemon=True).start()
+            threading.Thread(target=self._relay, args=(server, client, pair, True, procedures),
+                             daemon=True).start()
 
-    def _cut_at(self, record_len: int, replies: bool) -> int | None:
-        """Where to cut a record of record_len bytes (mark included), or None."""
+    def _cut_at(self, record: bytes, is_reply: bool, procedures: dict[int, int]) -> int | None:
+        """Where to cut this whole record (mark included), or None."""
+        procedure = None
+        if len(record) >= 28:
+            xid = struct.unpack(">I", record[4:8])[0]
+            if is_reply:
+                procedure = procedures.pop(xid, None)
+            else:
+                procedure = procedures[xid] = struct.unpack(">I", record[24:28])[0]
+        p = self.chance(is_reply, procedure, len(record))
         with self._lock:
-            least, chance = ((self.min_cut_reply, self.reply_cut) if replies
-                             else (self.min_cut_call, self.call_cut))
-            if record_len - 4 < least or self._rng.random() >= chance:
+            if p <= 0 or self._rng.random() >= p:
                 return None
-            if replies:
+            if is_reply:
                 self.replies_cut += 1
+                self.replies_cut_by_procedure[procedure] += 1
             else:
                 self.calls_cut += 1
-            return self._rng.randrange(1, record_len)
+            return self._rng.randrange(1, len(record))
 
-    def _relay(self, src: socket.socket, dst: socket.socket, pair, replies: bool) -> None:
+    def _relay(self, src: socket.socket, dst: socket.socket, pair, is_reply: bool,
+               procedures: dict[int, int]) -> None:
         pending = b""
         try:
             while True:
@@ -91,12 +116,12 @@ class ConnectionCutter:
                     length = struct.unpack(">I", pending[:4])[0] & ~LAST_FRAGMENT
                     if len(pending) < 4 + length:
                         break
-                    cut = self._cut_at(4 + length, replies)
+                    record, pending = pending[:4 + length], pending[4 + length:]
+                    cut = self._cut_at(record, is_reply, procedures)
                     if cut is not None:
-                        dst.sendall(pending[:cut])
+                        dst.sendall(record[:cut])
                         return
-                    dst.sendall(pending[:4 + length])
-                    pending = pending[4 + length:]
+                    dst.sendall(record)
         except OSError:
             pass
         finally:
