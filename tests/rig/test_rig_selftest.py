@@ -3,6 +3,7 @@
     pytest tests/rig/test_rig_selftest.py
 
 * pure unit tests (fio JSON parsing, data pattern, deb822 parsing);
+* the connection cutter against a stand-in record server;
 * fio with the libnfs engine builds (root: apt-get source) and lists ``nfs``;
 * nfsh builds;
 * the Nasd launcher against a stand-in server script;
@@ -14,9 +15,11 @@ import os
 import signal
 import socket
 import shutil
+import struct
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -30,6 +33,7 @@ from rig.nfsh import (nfsh, nfsh_lines, nfsh_popen, nfsh_binary, NfshError,  # n
                       pattern_bytes, parse_lines)
 from rig.nasd import Nasd, NasdError, free_port  # noqa: E402
 from rig import libnfs_tools  # noqa: E402
+from rig.cutter import ConnectionCutter  # noqa: E402
 
 IS_ROOT = os.geteuid() == 0
 
@@ -76,6 +80,77 @@ def test_deb822_parsing_copies_sources():
     assert len(st) == 2
     assert st[0]["suites"] == "stable stable-updates"
     assert st[1]["types"].split() == ["deb", "deb-src"]
+
+
+# ---------------------------------------------------------------- cutter
+
+def _record(xid: int, procedure: int, body_len: int) -> bytes:
+    """A call-shaped record: mark, XID, CALL, RPC 2, program, version, procedure, body."""
+    body = struct.pack(">IIIIII", xid, 0, 2, 100003, 3, procedure) + bytes([xid % 251]) * body_len
+    return struct.pack(">I", 0x80000000 | len(body)) + body
+
+
+def _record_echo_server():
+    """A loopback server that answers every record with the same record: port, thread."""
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(4)
+
+    def serve():
+        while True:
+            try:
+                c, _ = ls.accept()
+            except OSError:
+                return
+            with c:
+                buf = b""
+                while (data := c.recv(1 << 16)):
+                    buf += data
+                    while len(buf) >= 4 and len(buf) >= 4 + (struct.unpack(">I", buf[:4])[0] & 0x7fffffff):
+                        n = 4 + (struct.unpack(">I", buf[:4])[0] & 0x7fffffff)
+                        c.sendall(buf[:n])
+                        buf = buf[n:]
+    threading.Thread(target=serve, daemon=True).start()
+    return ls
+
+
+def _recv_exactly_or_eof(s: socket.socket, n: int) -> bytes:
+    got = b""
+    while len(got) < n and (data := s.recv(n - len(got))):
+        got += data
+    return got
+
+
+def test_cutter_passes_records_unchanged_when_it_cuts_nothing():
+    ls = _record_echo_server()
+    with ConnectionCutter(ls.getsockname()[1], 1, lambda *a: 0.0) as cut, \
+            socket.create_connection(("127.0.0.1", cut.port)) as s:
+        for xid in range(1, 40):
+            rec = _record(xid, 7, xid * 997)
+            s.sendall(rec)
+            assert _recv_exactly_or_eof(s, len(rec)) == rec
+    ls.close()
+    assert (cut.replies_cut, cut.calls_cut, cut.connections) == (0, 0, 1)
+
+
+def test_cutter_cuts_only_the_records_it_is_told_and_then_closes():
+    """Replies to procedure 8 are cut: a strict prefix, then end of stream, counted
+    under that procedure; a reply to procedure 1 before it passes whole."""
+    ls = _record_echo_server()
+    chance = lambda is_reply, procedure, length: 1.0 if is_reply and procedure == 8 else 0.0  # noqa: E731
+    with ConnectionCutter(ls.getsockname()[1], 7, chance) as cut, \
+            socket.create_connection(("127.0.0.1", cut.port)) as s:
+        whole = _record(5, 1, 100)
+        s.sendall(whole)
+        assert _recv_exactly_or_eof(s, len(whole)) == whole
+        victim = _record(6, 8, 5000)
+        s.sendall(victim)
+        got = _recv_exactly_or_eof(s, len(victim))
+        assert 0 < len(got) < len(victim) and victim.startswith(got)
+        assert s.recv(10) == b"", "the connection stays open after a cut"
+    ls.close()
+    assert cut.replies_cut == 1 and cut.calls_cut == 0
+    assert dict(cut.replies_cut_by_procedure) == {8: 1}
 
 
 # ---------------------------------------------------------------- builds
