@@ -20,9 +20,11 @@ test functions of this module through module-scoped fixtures:
 * ``crash_run``: the guest writes files (fsync, O_SYNC, close, rename, rm) while
   the host SIGKILLs and restarts nasd three times; every finished file must be
   on the server intact (the new write verifier makes the client resend).
-* ``cut_run``: nsx and fsx with the guest's NFS connections through a relay that
+* ``fault_run``: nsx and fsx with the guest's NFS connections through a relay that
   breaks them in the middle of calls and replies; the client's retransmissions on
-  the new connections must be answered as the first sending was.
+  the new connections must be answered as the first sending was. And a second
+  nasd serving a 1 MiB tmpfs: writes and mkdirs past full fail with ENOSPC, and
+  what was stored stays.
 
     python3 -m pytest tests/kernel-client/test_posix.py -s
     NASD_KEEP_GUEST=1 ...   # keep the guest's share dir (stdout/stderr/console)
@@ -999,7 +1001,32 @@ def _cut_chance(is_reply: bool, procedure: int | None, record_len: int) -> float
     return 0.01 if record_len > 4096 else 0.002
 
 
+FULL_PORT = 2052
 CUT_SECTIONS = {
+    "full": r"""
+# A second nasd serves a tmpfs of 1 MiB and 64 inodes holding `keep`
+F=/mnt/full
+mkdir -p $F
+timeout 120 mount -t nfs -o vers=3,proto=tcp,port={port},mountport={port},mountproto=tcp,nolock 10.0.2.2:/ $F
+echo "full.keep_sha: $(sha256sum < $F/keep | cut -d' ' -f1)"
+rc=0
+dd if=/dev/urandom of=$F/big bs=64k count=32 conv=fsync 2>/tmp/dd.err || rc=$?
+echo "full.dd_rc: $rc"
+echo "full.dd_err: $(tr '\n' ' ' < /tmp/dd.err)"
+rm $F/big
+head -c 262144 /dev/urandom > /tmp/small
+cp /tmp/small $F/small
+echo 3 > /proc/sys/vm/drop_caches
+echo "full.small_sha: $(sha256sum < /tmp/small | cut -d' ' -f1)"
+echo "full.small_read_sha: $(sha256sum < $F/small | cut -d' ' -f1)"
+i=0
+while [ $i -lt 200 ]; do i=$((i+1)); mkdir $F/d$i 2>/tmp/mkdir.err || break; done
+echo "full.mkdirs_tried: $i"
+echo "full.mkdir_err: $(tr '\n' ' ' < /tmp/mkdir.err)"
+echo 3 > /proc/sys/vm/drop_caches
+echo "full.keep_sha_after: $(sha256sum < $F/keep | cut -d' ' -f1)"
+timeout 60 umount $F
+""".replace("{port}", str(FULL_PORT)),
     "cutnsx": POSIX_SECTIONS["nsx"].replace(
         f"{NSX_OPS} {FSX_SEED}", f"{CUT_NSX_OPS} {FSX_SEED}").replace("nsx.", "cutnsx."),
     "cutfsx": POSIX_SECTIONS["fsx"].replace(
@@ -1008,18 +1035,34 @@ CUT_SECTIONS = {
 
 
 @pytest.fixture(scope="module")
-def cut_run(workdir, guest_image):
-    export = _fresh_export(workdir("cut"))
+def fault_run(workdir, guest_image):
+    base = workdir("fault")
+    export = _fresh_export(base)
+    full = base / "full"
+    full.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,nr_inodes=64,mode=755", "tmpfs", str(full)],
+                   check=True)
+    try:
+        keep = os.urandom(200 * 1024)
+        (full / "keep").write_bytes(keep)
+        return _fault_run(export, full, keep, guest_image)
+    finally:
+        subprocess.run(["umount", str(full)], capture_output=True)
+
+
+def _fault_run(export: Path, full: Path, keep: bytes, guest_image) -> Run:
     mport = 9102
     with Netns() as ns, Nasd(export, args=["--no-root-squash", "--metrics", f"127.0.0.1:{mport}"],
-                             netns=ns) as srv:
+                             netns=ns) as srv, \
+            Nasd(full, args=["--no-root-squash"], netns=ns, port=FULL_PORT) as full_srv:
         cutter = ns.call(lambda: ConnectionCutter(srv.port, FSX_SEED, _cut_chance), timeout=30)
         opts = (f"vers=3,proto=tcp,port={cutter.port},mountport={srv.port},"
                 f"mountproto=tcp,nolock")
         prologue = (f"timeout 120 mount -t nfs -o {opts} 10.0.2.2:/ {M}\n"
                     f'echo "result mount: $?"')
         epilogue = f'sync; timeout 120 umount {M}; echo "result umount: $?"'
-        script = ph.guest_program(prologue, [("cutnsx", 600), ("cutfsx", 600)], epilogue)
+        script = ph.guest_program(prologue, [("cutnsx", 600), ("cutfsx", 600), ("full", 300)],
+                                  epilogue)
         try:
             res = vm.run_guest(script, ns, timeout=1500, image=guest_image,
                                files={"guest-exerciser": Path(guest_exerciser_binary()),
@@ -1028,17 +1071,19 @@ def cut_run(workdir, guest_image):
             cutter.close()
         metrics = ns.call(lambda: urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics",
                                                          timeout=10).read().decode(), timeout=30)
-        alive = srv.alive()
-        _report("cut", res, srv.log())
+        alive = srv.alive() and full_srv.alive()
+        _report("cut", res, srv.log() + "\n--- nasd of the full file system ---\n" + full_srv.log())
     print(f"cut: replies cut by procedure {dict(cutter.replies_cut_by_procedure)}")
-    return Run(res, export, cutter=cutter, metrics=metrics, server_alive=alive)
+    return Run(res, export, cutter=cutter, metrics=metrics, server_alive=alive,
+               full=full, keep=keep, full_listing=sorted(os.listdir(full)),
+               full_small=(full / "small").read_bytes() if (full / "small").exists() else None)
 
 
-def test_nsx_through_connections_cut_mid_record(cut_run):
+def test_nsx_through_connections_cut_mid_record(fault_run):
     """nsx through two more mounts while connections break mid-record: every answer
     (success or the POSIX error) must be the model's, so no retransmitted CREATE,
     REMOVE, RENAME or LINK ran twice, and the tree nasd stored must be the model's."""
-    r = cut_run
+    r = fault_run
     assert r.server_alive
     r.section_ok("cutnsx")
     res = json.loads(r["cutnsx.result"])
@@ -1049,23 +1094,23 @@ def test_nsx_through_connections_cut_mid_record(cut_run):
     assert not problems, "\n".join(problems[:20])
 
 
-def test_fsx_through_connections_cut_mid_record(cut_run):
+def test_fsx_through_connections_cut_mid_record(fault_run):
     """fsx (buffered, O_DIRECT, mmap) while connections break in the middle of READ
     replies, WRITE calls and WRITE/COMMIT replies: every read must match the model and
     the file nasd stored must be the model."""
-    r = cut_run
+    r = fault_run
     r.section_ok("cutfsx")
     res = json.loads(r["cutfsx.result"])
     assert res["ok"] is True and res["ops"] == CUT_FSX_OPS, res
     assert _file_sha(r.export / "cutfsx.bin") == r["cutfsx.model_sha"]
 
 
-def test_retransmissions_after_cut_replies_are_answered_from_the_cache(cut_run):
+def test_retransmissions_after_cut_replies_are_answered_from_the_cache(fault_run):
     """Each cut reply to a call that changes something is followed by the client's
     retransmission on a new connection, which nasd must answer from its duplicate
     request cache: at least as many cache hits as such replies cut. Cut calls and
     replies in both directions must have happened, or the run tested nothing."""
-    r = cut_run
+    r = fault_run
     c = r.cutter
     changing = sum(n for proc, n in c.replies_cut_by_procedure.items() if proc in NON_IDEMPOTENT)
     assert changing >= 5 and c.calls_cut >= 3, (
@@ -1076,3 +1121,23 @@ def test_retransmissions_after_cut_replies_are_answered_from_the_cache(cut_run):
     print(f"\ncut: {c.connections} connections, {c.calls_cut} calls and {c.replies_cut} "
           f"replies cut ({changing} to calls that change something); {hits[0]}")
     assert float(hits[0].split()[-1]) >= changing, (hits, dict(c.replies_cut_by_procedure))
+
+
+def test_a_full_file_system_refuses_writes_and_mkdirs_and_keeps_what_it_holds(fault_run):
+    """Through the kernel client, on an export of 1 MiB and 64 inodes: a 2 MiB write
+    (dd conv=fsync) fails with ENOSPC; after its file is removed a 256 KiB file is
+    written and read back whole; mkdirs run until one fails with ENOSPC; the file
+    stored before is the same throughout, and the host sees exactly the directories
+    the guest made."""
+    r = fault_run
+    r.section_ok("full")
+    want = _sha(r.keep)
+    assert r["full.keep_sha"] == want and r["full.keep_sha_after"] == want
+    assert r["full.dd_rc"] != "0" and "No space left on device" in r["full.dd_err"], r["full.dd_err"]
+    assert r["full.small_read_sha"] == r["full.small_sha"]
+    assert r.full_small is not None and _sha(r.full_small) == r["full.small_sha"]
+    tried = int(r["full.mkdirs_tried"])
+    assert 10 < tried < 200 and "No space left on device" in r["full.mkdir_err"], (tried, r["full.mkdir_err"])
+    made = [n for n in r.full_listing if n.startswith("d")]
+    assert sorted(made) == sorted(f"d{i}" for i in range(1, tried)), made
+    assert set(r.full_listing) - set(made) == {"keep", "small"}

@@ -273,8 +273,11 @@ pub fn pwrite_nowait(fd: &OwnedFd, data: &[u8], offset: u64) -> VfsResult<Option
     }
 }
 
-/// Writes all of `data`; `flags` may carry RWF_DSYNC or RWF_SYNC to make it durable in the
-/// same syscall.
+/// Writes all of `data`, or as much as went in before an error (a full file system):
+/// like write(2), a short count then, and the error only if nothing was written. So a
+/// WRITE that changed the file is answered with what it wrote, as knfsd does, and the
+/// client's WRITE of the rest gets the error. `flags` may carry RWF_DSYNC or RWF_SYNC to
+/// make it durable in the same syscall.
 pub fn pwrite(fd: &OwnedFd, data: &[u8], offset: u64, flags: libc::c_int) -> VfsResult<usize> {
     let mut done = 0;
     while done < data.len() {
@@ -285,7 +288,13 @@ pub fn pwrite(fd: &OwnedFd, data: &[u8], offset: u64, flags: libc::c_int) -> Vfs
             if errno() == libc::EINTR {
                 continue;
             }
+            if done > 0 {
+                break;
+            }
             return Err(last_err());
+        }
+        if n == 0 {
+            break;
         }
         done += n as usize;
     }
