@@ -981,7 +981,8 @@ def test_kernel_client_data_survives_server_kills(crash_run):
     assert b[5] > app, "the client never resent data after the write verifier changed"
 
 
-# ================================================================== cut
+# ================================================================== faults
+# Connections cut mid-record, and (section "full") a full file system.
 # The guest's NFS traffic (not MOUNT's) goes through rig/cutter.py in the namespace:
 # now and then it passes only the first part of a record and closes the connection.
 # The kernel client connects again and sends every call it has no reply to again,
@@ -1072,7 +1073,7 @@ def _fault_run(export: Path, full: Path, keep: bytes, guest_image) -> Run:
         metrics = ns.call(lambda: urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics",
                                                          timeout=10).read().decode(), timeout=30)
         alive = srv.alive() and full_srv.alive()
-        _report("cut", res, srv.log() + "\n--- nasd of the full file system ---\n" + full_srv.log())
+        _report("faults", res, srv.log() + "\n--- nasd of the full file system ---\n" + full_srv.log())
     print(f"cut: replies cut by procedure {dict(cutter.replies_cut_by_procedure)}")
     return Run(res, export, cutter=cutter, metrics=metrics, server_alive=alive,
                full=full, keep=keep, full_listing=sorted(os.listdir(full)),

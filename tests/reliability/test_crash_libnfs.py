@@ -193,6 +193,8 @@ def test_fsx_goes_on_through_server_kills(export, tmp_path):
     assert kills >= 3, f"fsx ended after {kills} kills: too short to have met a crash"
     assert res["ok"] is True and res["ops"] == 15000, res
     assert (export / "fsx").read_bytes() == (tmp_path / "model").read_bytes()
+    # Every kill takes both connections down; the next call on either finds it out.
+    assert res["retries"] >= kills, f"{res['retries']} calls sent again over {kills} kills"
     print(f"\nfsx through {kills} kills: {res['retries']} calls sent again; {res}")
 
 

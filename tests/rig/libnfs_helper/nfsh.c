@@ -1285,15 +1285,15 @@ static struct {
 
 static int fsx_nfs_open(int s);
 
-/* A side never lets libnfs reconnect by itself (g_no_autoreconnect).  libnfs 4.0 keeps the part of a reply
- * it had read when its connection broke and fills the rest from the new connection,
- * record mark first, so a READ cut off mid-reply (a server killed while sending it)
- * came back with another reply's bytes in its data, and the stream after it was out
- * of step (docs/reliability.md, "A reply cut off mid-send").  With auto-reconnect off,
- * a lost connection fails the call; the side then gets a new context (a new
- * connection and mount) and opens the file again by name, and the call is sent again:
- * they are sent one at a time, and each leaves the same state whether it ran before
- * or not.  Counted, so that runs without crashes can require none. */
+/* A side never lets libnfs reconnect by itself (g_no_autoreconnect).  libnfs 4.0
+ * keeps the part of a reply it had read when its connection broke and fills the rest
+ * from the new connection, record mark first: a READ cut off mid-reply (a server
+ * killed while sending it) came back with another reply's bytes in its data, and the
+ * stream after it was out of step (docs/reliability.md, "A reply cut off mid-send").
+ * With auto-reconnect off, a lost connection fails the call; the side then gets a new
+ * context (a new connection and mount) and opens the file again by name, and the call
+ * is sent again: they are sent one at a time, and each leaves the same state whether
+ * it ran before or not.  Counted, so that runs without crashes can require none. */
 static void fsx_nfs_renew(int s)
 {
 	struct nfs_context *old = fsx_nfs.ctx[s], *ctx;
@@ -1309,9 +1309,10 @@ static void fsx_nfs_renew(int s)
 	fsx_nfs.ctx[s] = ctx;
 	if (s == 0)
 		nfs = fsx_nfs.ctx[0]; /* main unmounts it at the end */
-	/* The old context is closed, not destroyed: destroying it would call back the
-	 * calls the failed one left queued, and libnfs's sync calls keep their callback
-	 * data on the stack of the call that has returned (a crash in libnfs 4.0). */
+	/* The old context is closed, not destroyed (its memory is given up): destroying
+	 * it would call back the calls the failed one left queued, and libnfs's sync calls
+	 * keep their callback data on the stack of the call that has returned (a crash in
+	 * libnfs 4.0). */
 	close(nfs_get_fd(old));
 	rc = fsx_nfs_open(s);
 	if (rc < 0)
@@ -1565,9 +1566,10 @@ static struct nfs_context *mount_export_or(struct nfs_url **urlp, int *rc)
 	if (mrc < 0 && !rc)
 		die("mount", url->path, mrc); /* reports this context's error */
 	if (mrc < 0) {
+		/* Closed, not destroyed: see fsx_nfs_renew. */
 		*rc = mrc;
 		nfs_destroy_url(url);
-		nfs_destroy_context(ctx);
+		close(nfs_get_fd(ctx));
 		nfs = saved;
 		return NULL;
 	}
