@@ -862,9 +862,16 @@ def test_handles_survive_kill9_restart(restart_run):
 # must resend what it had not seen committed; the hard mount retries everything else.
 # Every file the guest finished must end on the server byte for byte.
 CRASH_KILLS = 3
+CRASH_FSX_OPS = 3000
 CRASH_SECTIONS = {
     "crash": r"""
 mkdir -p $M/k
+# fsx runs beside the writers, through the same kills: its reads (buffered, O_DIRECT,
+# mmap) are checked against its model across every restart.
+cp /share/guest-exerciser /tmp/exerciser
+chmod 755 /tmp/exerciser
+(rc=0; /tmp/exerciser fsx $M/fsx.bin {fsx_ops} {seed} 4194304 /tmp/fsx-model > /tmp/crashfsx.out 2>/tmp/crashfsx.err || rc=$?; echo $rc > /tmp/crashfsx.rc) &
+fsx_pid=$!
 # One O_DIRECT write of 96 MiB: UNSTABLE WRITEs, then a COMMIT. The host kills nasd
 # once 8 MiB have arrived, so the WRITE replies carry two verifiers and the client
 # must send the data again.
@@ -891,8 +898,13 @@ while [ ! -e /share/stop ] && [ "$(date +%s)" -lt "$end" ]; do
   if [ $((i % 7)) -eq 0 ]; then rm $M/k/f$((i-3)); echo "crash.removed: f$((i-3))"; fi
 done
 echo "crash.count: $i"
+wait $fsx_pid
+echo "crash.fsx_rc: $(cat /tmp/crashfsx.rc)"
+echo "crash.fsx_result: $(tail -n 1 /tmp/crashfsx.out)"
+echo "crash.fsx_model_sha: $(sha256sum < /tmp/fsx-model | cut -d' ' -f1)"
+tail -n 60 /tmp/crashfsx.err >&2
 grep -m1 '^[[:space:]]*bytes:' /proc/self/mountstats | sed 's/^[[:space:]]*bytes:[[:space:]]*/crash.bytes: /'
-""",
+""".replace("{fsx_ops}", str(CRASH_FSX_OPS)).replace("{seed}", str(FSX_SEED)),
 }
 
 
@@ -908,7 +920,9 @@ def crash_run(workdir, guest_image):
                     f'echo "result mount: $?"')
         epilogue = f'timeout 120 umount {M}; echo "result umount: $?"'
         script = ph.guest_program(prologue, [("crash", 420)], epilogue)
-        guest = vm.Guest(script, ns, image=guest_image, files=_sections(CRASH_SECTIONS))
+        guest = vm.Guest(script, ns, image=guest_image,
+                         files={"guest-exerciser": Path(guest_exerciser_binary()),
+                                **_sections(CRASH_SECTIONS)})
 
         def kill_and_restart():
             events["kills"].append(srv.kill(signal.SIGKILL))
@@ -979,6 +993,18 @@ def test_kernel_client_data_survives_server_kills(crash_run):
           f"direct_size_at_kill={ev['direct_size_at_kill']} app_write_bytes={app} "
           f"server_write_bytes={b[5]} resent={b[5] - app}")
     assert b[5] > app, "the client never resent data after the write verifier changed"
+
+
+def test_kernel_fsx_reads_stay_right_through_server_kills(crash_run):
+    """fsx in the guest beside the writers above, through the same SIGKILLs and
+    restarts: every read (buffered, O_DIRECT, mmap, after cache drops) matches its
+    model, and the file nasd stored at the end is the model."""
+    r = crash_run
+    r.section_ok("crash")
+    assert r["crash.fsx_rc"] == "0", r._stderr_of("crash")
+    res = json.loads(r["crash.fsx_result"])
+    assert res["ok"] is True and res["ops"] == CRASH_FSX_OPS, res
+    assert _file_sha(r.export / "fsx.bin") == r["crash.fsx_model_sha"]
 
 
 # ================================================================== faults
