@@ -48,6 +48,13 @@ impl RpcProgram for Nfs3 {
         matches!(procedure, SETATTR | WRITE | CREATE | MKDIR | SYMLINK | MKNOD | REMOVE | RMDIR | RENAME | LINK | COMMIT)
     }
 
+    fn is_kept_across_restarts(&self, _version: u32, procedure: u32) -> bool {
+        use xdr::proc::*;
+        // Each already waits for a directory sync (or changes attributes, rarely), so
+        // the journal's write costs them nothing that shows.
+        matches!(procedure, SETATTR | CREATE | MKDIR | SYMLINK | MKNOD | REMOVE | RMDIR | RENAME | LINK)
+    }
+
     fn is_quick(&self, _version: u32, procedure: u32, args: &[u8]) -> bool {
         use xdr::proc::*;
         match procedure {

@@ -42,6 +42,13 @@ impl Dispatcher {
         Self { programs, held_up, drc: DuplicateRequestCache::new(drc_entries), metrics }
     }
 
+    /// Keeps the replies the programs name across restarts, in the journal at `path`
+    /// (replacing the cache, so before any call is served).
+    pub fn with_drc_journal(mut self, path: &std::path::Path) -> std::io::Result<Self> {
+        self.drc = DuplicateRequestCache::with_journal(self.drc.capacity(), path)?;
+        Ok(self)
+    }
+
     pub fn drc(&self) -> &DuplicateRequestCache {
         &self.drc
     }
@@ -199,7 +206,8 @@ impl Dispatcher {
             // answer NOENT.) One that panicked is better tried again than answered
             // SYSTEM_ERR for good.
             if ran && !status.is_some_and(|s| program.refused_unchanged(ctx.procedure, s)) {
-                self.drc.complete(key, reply.clone());
+                let keep = program.is_kept_across_restarts(ctx.version, ctx.procedure);
+                self.drc.complete(key, reply.clone(), keep);
             } else {
                 self.drc.abandon(key);
             }

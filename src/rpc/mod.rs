@@ -90,6 +90,13 @@ pub trait RpcProgram: Send + Sync {
     fn is_non_idempotent(&self, _version: u32, _procedure: u32) -> bool {
         false
     }
+    /// Whether such a reply is also kept across a restart of the server (written to the
+    /// duplicate request journal): for calls whose second run would answer differently
+    /// and that are rare enough to pay a small write each, namespace changes; not WRITE,
+    /// whose second run stores the same bytes again.
+    fn is_kept_across_restarts(&self, _version: u32, _procedure: u32) -> bool {
+        false
+    }
     /// Whether a call normally finishes in microseconds without waiting for the disk (no
     /// fsync, no directory change), so it is tried first on the connection's own task,
     /// saving a thread hand-off. `args` are the undecoded arguments.

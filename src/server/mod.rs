@@ -107,6 +107,9 @@ async fn bind_udp(addr: SocketAddr) -> anyhow::Result<UdpSocket> {
     Ok(socket)
 }
 
+/// File in the state directory that keeps namespace changes' replies across restarts.
+const DRC_JOURNAL: &str = "drc-journal";
+
 impl Server {
     /// Opens every export and binds every listener; nothing is served until [`Server::run`].
     pub async fn bind(config: &Config, table: ExportTable) -> anyhow::Result<Server> {
@@ -155,7 +158,9 @@ impl Server {
             Arc::new(Portmap::new(state.nfs_port.clone(), pmap_port)),
         ];
         let shared = Arc::new(Shared {
-            dispatcher: Dispatcher::new(programs, config.limits.drc_entries, metrics.clone()),
+            dispatcher: Dispatcher::new(programs, config.limits.drc_entries, metrics.clone())
+                .with_drc_journal(&state_dir.join(DRC_JOURNAL))
+                .with_context(|| format!("duplicate request journal in {}", state_dir.display()))?,
             metrics,
             limits: config.limits.clone(),
             record_limits: RecordLimits { max_record: config.limits.max_record_bytes, max_fragments: 1024 },

@@ -235,6 +235,37 @@ def test_drc_retransmit_on_new_tcp_connection(srv, work, what):
     assert (d / "n").exists() == (what == "create")
 
 
+@pytest.mark.parametrize("what", ["create", "remove", "rename", "mkdir"])
+def test_drc_retransmit_after_a_server_kill_gets_the_first_reply(tmp_path, what):
+    """A namespace change whose reply was lost when nasd died (SIGKILL) and that the
+    client sends again, same XID, to the restarted nasd: answered with the first reply
+    from the duplicate request journal, byte for byte, not run again (EEXIST, ENOENT)."""
+    export = make_export(tmp_path)
+    (export / "n").write_bytes(b"x")
+    with Nasd(export, args=["--no-root-squash"]) as srv:
+        with Nfs3Client(srv.host, srv.port, cred=ROOT) as c1:
+            root = c1.root(srv.export_dir)
+            proc, args = {
+                "create": (rpc.NFSPROC3_CREATE, nfs3_args.create(root, "new", "guarded")),
+                "remove": (rpc.NFSPROC3_REMOVE, nfs3_args.diropargs(root, "n")),
+                "rename": (rpc.NFSPROC3_RENAME, nfs3_args.rename(root, "n", root, "m")),
+                "mkdir": (rpc.NFSPROC3_MKDIR, nfs3_args.mkdir(root, "dir")),
+            }[what]
+            xid, msg = c1.build(NFS_PROG, 3, proc, args)
+            first = c1.resend(msg, xid)
+            assert decode_result(proc, first).ok
+        after = sorted(os.listdir(export))
+        srv.kill()
+        srv.start()
+        with Nfs3Client(srv.host, srv.port, cred=ROOT) as c2:
+            again = c2.resend(msg, xid)
+            assert again.raw == first.raw, (decode_result(proc, again).status, "ran again")
+            assert sorted(os.listdir(export)) == after
+            # A new call (new XID) does run, and finds the change made.
+            r = c2.nfs(proc, args)
+            assert r.status != rpc.NFS3_OK, "the same change again should fail"
+
+
 def test_retransmit_while_the_original_runs_is_not_run_again(srv, work):
     """Copies of a GUARDED CREATE sent back to back: the later ones arrive while the
     first still runs (it makes the directory durable) or just after. Each copy is dropped
