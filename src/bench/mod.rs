@@ -780,6 +780,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
         "v4" | "4" => 4,
         p => bail!("unknown protocol {p:?}: v3 or v4"),
     };
+    // Read before any job runs: a report to compare with that cannot be read should stop
+    // the run at once, not after it, without its report.
+    let old = match &args.compare {
+        Some(d) => Some(
+            serde_json::from_str::<Results>(&std::fs::read_to_string(d.join("results.json")).with_context(|| format!("{}/results.json", d.display()))?)
+                .with_context(|| format!("parsing {}/results.json", d.display()))?,
+        ),
+        None => None,
+    };
     let mut params = suites::default_params(&args.suite);
     if let Some(r) = args.runtime {
         params.runtime = r;
@@ -963,13 +972,6 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     drop(tgts);
     std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&results)?)?;
-    let old = match &args.compare {
-        Some(d) => Some(
-            serde_json::from_str::<Results>(&std::fs::read_to_string(d.join("results.json")).with_context(|| format!("{}/results.json", d.display()))?)
-                .with_context(|| format!("parsing {}/results.json", d.display()))?,
-        ),
-        None => None,
-    };
     let plots = plot::all(&results, &out)?;
     std::fs::write(out.join("report.md"), report::markdown(&results, old.as_ref(), &plots))?;
     std::fs::write(out.join("report.html"), report::html(&results, old.as_ref(), &plots))?;

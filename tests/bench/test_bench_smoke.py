@@ -174,3 +174,17 @@ def test_bench_repeats_metadata_steps_each_in_a_directory_of_its_own(tmp_path):
     flats = sorted(str(d.relative_to(out / "data")) for d in (out / "data").rglob("md-flat"))
     assert flats == [f"{t}/export/round-{n}/md-flat" if t == "nasd" else f"{t}/round-{n}/md-flat"
                      for t in ("local", "nasd") for n in (1, 2)], flats
+
+
+def test_bench_refuses_a_report_to_compare_with_before_running_anything(tmp_path):
+    """`--compare` with a directory that holds no results.json stops the run at once,
+    naming the file, before any server starts or job runs (found when a two-minute run
+    ended in this error without writing its report)."""
+    out, old = tmp_path / "report", tmp_path / "old"
+    old.mkdir()
+    cmd = [str(NASD), "bench", "--suite", "metadata", "--target", "nasd", "--out", str(out),
+           "--compare", str(old)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0
+    assert f"{old}/results.json" in p.stderr, p.stderr
+    assert not (out / "data").exists(), "a job ran before the comparison was read"
