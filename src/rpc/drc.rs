@@ -88,7 +88,7 @@ const HEADER: usize = 4 + 8 + 16 + 4 * 4 + 8 + 16 + 2 + 8;
 /// The replies kept across restarts: a file of fixed slots, written in turn (slot =
 /// sequence number modulo the slot count), each with a checksum, so a slot half written
 /// or left from another layout is skipped when read.
-pub struct Journal {
+struct Journal {
     file: File,
     slots: u64,
     next: AtomicU64,
@@ -159,7 +159,7 @@ impl Journal {
 
     /// Opens (or makes, mode 0600) the journal at `path` with `slots` slots, and returns
     /// the replies it holds, oldest first.
-    pub fn open(path: &Path, slots: usize) -> std::io::Result<(Journal, Vec<(DrcKey, Vec<u8>)>)> {
+    fn open(path: &Path, slots: usize) -> std::io::Result<(Journal, Vec<(DrcKey, Vec<u8>)>)> {
         use std::io::Read;
         use std::os::unix::fs::OpenOptionsExt;
         let mut file = std::fs::OpenOptions::new()

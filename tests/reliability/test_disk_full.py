@@ -9,7 +9,6 @@ is freed writes and creates work again.
 
     python3 -m pytest -s tests/reliability/test_disk_full.py
 """
-import hashlib
 import os
 import shutil
 import subprocess
@@ -17,7 +16,7 @@ import subprocess
 import pytest
 
 from rig.nasd import Nasd
-from rig.nfsh import nfsh, nfsh_binary
+from rig.nfsh import nfsh, nfsh_binary, pattern_bytes
 from rig.rpc import Nfs3Client, auth_sys, NFS3_OK, NFS3ERR_NOENT
 
 NFS3ERR_NOSPC = 28
@@ -41,17 +40,9 @@ def small_fs(tmp_path):
         subprocess.run(["umount", str(d)], capture_output=True)
 
 
-def _pattern(n: int, seed: int) -> bytes:
-    out, block = bytearray(), hashlib.sha256(str(seed).encode()).digest()
-    while len(out) < n:
-        block = hashlib.sha256(block).digest()
-        out += block
-    return bytes(out[:n])
-
-
 @pytest.mark.parametrize("stable", ["unstable", "file_sync"])
 def test_a_write_that_runs_out_of_space_is_answered_with_what_it_wrote(small_fs, stable):
-    data = _pattern(1024 * KiB, 1)
+    data = pattern_bytes(1024 * KiB, 1)
     with Nasd(small_fs, args=["--no-root-squash"]) as srv, \
             Nfs3Client(srv.host, srv.port, cred=auth_sys(0, 0)) as c:
         root = c.root(str(small_fs))
@@ -117,7 +108,7 @@ def test_libnfs_writing_past_full_fails_and_the_server_goes_on(small_fs):
     stored before keeps its bytes, and after the big one is removed a smaller one is
     written and read back."""
     nfsh_binary()
-    keep = _pattern(100 * KiB, 7)
+    keep = pattern_bytes(100 * KiB, 7)
     (small_fs / "keep").write_bytes(keep)
     with Nasd(small_fs, args=["--no-root-squash"]) as srv:
         url = srv.url()

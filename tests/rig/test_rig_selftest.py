@@ -106,8 +106,7 @@ def _record_echo_server():
                 buf = b""
                 while (data := c.recv(1 << 16)):
                     buf += data
-                    while len(buf) >= 4 and len(buf) >= 4 + (struct.unpack(">I", buf[:4])[0] & 0x7fffffff):
-                        n = 4 + (struct.unpack(">I", buf[:4])[0] & 0x7fffffff)
+                    while len(buf) >= 4 and len(buf) >= (n := 4 + (struct.unpack(">I", buf[:4])[0] & 0x7fffffff)):
                         c.sendall(buf[:n])
                         buf = buf[n:]
     threading.Thread(target=serve, daemon=True).start()
