@@ -3,7 +3,7 @@
 use super::xdr::*;
 use crate::rpc::{CallContext, ProcError, Transport};
 use crate::server::state::{Admitted, ServerState};
-use crate::vfs::{Attr, Blocking, DirEntry, ObjectId, VfsError, Wcc};
+use crate::vfs::{Attr, Blocking, DirEntry, Made, ObjectId, VfsError, Wcc};
 use crate::xdr::{pad4, XdrWriter};
 
 /// A failed procedure: its status and the shape of its failure arm (how many optional
@@ -172,8 +172,9 @@ fn setattr(
     out: &mut XdrWriter,
 ) -> ProcResult {
     let adm = admit_write(state, ctx, fh, WCC)?;
-    let wcc = adm.rt.vfs.setattr(&adm.cred, &adm.obj, attrs, guard).map_err(fail_on(&[&adm], WCC))?;
-    put_wcc(out, &wcc);
+    let made = adm.rt.vfs.setattr(&adm.cred, &adm.obj, attrs, guard).map_err(fail_on(&[&adm], WCC))?;
+    put_wcc(out, &made.result);
+    settle(ctx, out, made).map_err(fail_on(&[&adm], WCC))?;
     Ok(())
 }
 
@@ -282,27 +283,41 @@ fn write(
     Ok(())
 }
 
+/// Waits for a change whose successful reply is in `out` to be durable, having first put
+/// that reply aside for a retransmission to a server restarted meanwhile
+/// ([`CallContext::reply_before_durable`]). On failure the caller's error reply replaces it.
+fn settle<T>(ctx: &CallContext, out: &XdrWriter, made: Made<'_, T>) -> crate::vfs::VfsResult<T> {
+    if !made.is_durable() {
+        ctx.reply_before_durable(out);
+    }
+    made.durable()
+}
+
 fn create_like(
     state: &ServerState,
     ctx: &CallContext,
     at: &DirOp<'_>,
     out: &mut XdrWriter,
-    op: impl FnOnce(&Admitted, &[u8]) -> crate::vfs::VfsResult<crate::vfs::Created>,
+    op: impl for<'a> FnOnce(&'a Admitted, &[u8]) -> crate::vfs::VfsResult<Made<'a, crate::vfs::Created>>,
 ) -> ProcResult {
     let adm = admit_write(state, ctx, at.dir, WCC)?;
     check_name(at.name, WCC)?;
-    let c = op(&adm, at.name).map_err(fail_on(&[&adm], WCC))?;
+    let made = op(&adm, at.name).map_err(fail_on(&[&adm], WCC))?;
+    let c = &made.result;
     put_post_op_fh(out, Some(&state.file_handle(&adm.rt, &c.obj)));
     put_post_op_attr(out, Some(&c.attr));
     put_wcc(out, &c.dir_wcc);
+    settle(ctx, out, made).map_err(fail_on(&[&adm], WCC))?;
     Ok(())
 }
 
 fn remove_like(state: &ServerState, ctx: &CallContext, at: &DirOp<'_>, out: &mut XdrWriter, dir: bool) -> ProcResult {
     let adm = admit_write(state, ctx, at.dir, WCC)?;
     check_name(at.name, WCC)?;
-    let wcc = if dir { adm.rt.vfs.rmdir(&adm.cred, &adm.obj, at.name) } else { adm.rt.vfs.remove(&adm.cred, &adm.obj, at.name) };
-    put_wcc(out, &wcc.map_err(fail_on(&[&adm], WCC))?);
+    let made = if dir { adm.rt.vfs.rmdir(&adm.cred, &adm.obj, at.name) } else { adm.rt.vfs.remove(&adm.cred, &adm.obj, at.name) };
+    let made = made.map_err(fail_on(&[&adm], WCC))?;
+    put_wcc(out, &made.result);
+    settle(ctx, out, made).map_err(fail_on(&[&adm], WCC))?;
     Ok(())
 }
 
@@ -314,9 +329,11 @@ fn rename(state: &ServerState, ctx: &CallContext, from: &DirOp<'_>, to: &DirOp<'
     if src.rt.export.id != dst.rt.export.id {
         return Err(fail(TWO_WCC)(VfsError::XDev));
     }
-    let (a, b) = src.rt.vfs.rename(&src.cred, &src.obj, from.name, &dst.obj, to.name).map_err(fail_on(&[&src, &dst], TWO_WCC))?;
-    put_wcc(out, &a);
-    put_wcc(out, &b);
+    let made = src.rt.vfs.rename(&src.cred, &src.obj, from.name, &dst.obj, to.name).map_err(fail_on(&[&src, &dst], TWO_WCC))?;
+    let (a, b) = &made.result;
+    put_wcc(out, a);
+    put_wcc(out, b);
+    settle(ctx, out, made).map_err(fail_on(&[&src, &dst], TWO_WCC))?;
     Ok(())
 }
 
@@ -327,9 +344,11 @@ fn link(state: &ServerState, ctx: &CallContext, fh: &[u8], to: &DirOp<'_>, out: 
     if file.rt.export.id != dir.rt.export.id {
         return Err(fail(ATTR_WCC)(VfsError::XDev));
     }
-    let (attr, wcc) = file.rt.vfs.link(&file.cred, &file.obj, &dir.obj, to.name).map_err(fail_on(&[&file, &dir], ATTR_WCC))?;
-    put_post_op_attr(out, Some(&attr));
-    put_wcc(out, &wcc);
+    let made = file.rt.vfs.link(&file.cred, &file.obj, &dir.obj, to.name).map_err(fail_on(&[&file, &dir], ATTR_WCC))?;
+    let (attr, wcc) = &made.result;
+    put_post_op_attr(out, Some(attr));
+    put_wcc(out, wcc);
+    settle(ctx, out, made).map_err(fail_on(&[&file, &dir], ATTR_WCC))?;
     Ok(())
 }
 

@@ -214,6 +214,7 @@ mod tests {
             local: local.parse().unwrap(),
             transport: crate::rpc::Transport::Tcp,
             may_block: false,
+            early_reply: None,
         };
         let mut out = XdrWriter::new();
         pm.call(&ctx, &mut XdrReader::new(&[]), &mut out).unwrap();

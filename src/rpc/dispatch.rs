@@ -43,9 +43,11 @@ impl Dispatcher {
     }
 
     /// Keeps the replies the programs name across restarts, in the journal at `path`
-    /// (replacing the cache, so before any call is served).
-    pub fn with_drc_journal(mut self, path: &std::path::Path) -> std::io::Result<Self> {
-        self.drc = DuplicateRequestCache::with_journal(self.drc.capacity(), path)?;
+    /// (replacing the cache, so before any call is served). `settle` makes every change
+    /// durable, for replies an earlier process wrote before their change was
+    /// ([`DuplicateRequestCache::with_journal`]).
+    pub fn with_drc_journal(mut self, path: &std::path::Path, settle: impl FnOnce() -> bool) -> std::io::Result<Self> {
+        self.drc = DuplicateRequestCache::with_journal(self.drc.capacity(), path, settle)?;
         Ok(self)
     }
 
@@ -114,20 +116,23 @@ impl Dispatcher {
         if !may_block && (!program.is_quick(header.version, header.procedure, r.rest()) || held_up.held_up(header.procedure, started)) {
             return Err(NeedsThread);
         }
+        let peer = SocketAddr::new(crate::exports::canonical_ip(peer.ip()), peer.port());
+        let drc_key = program
+            .is_non_idempotent(header.version, header.procedure)
+            .then(|| DrcKey::new(peer.ip(), xid, header.program, header.version, header.procedure, r.rest()));
+        let keep = program.is_kept_across_restarts(header.version, header.procedure);
         let ctx = CallContext {
             xid,
             program: header.program,
             version: header.version,
             procedure: header.procedure,
             credential: header.credential,
-            peer: SocketAddr::new(crate::exports::canonical_ip(peer.ip()), peer.port()),
+            peer,
             local,
             transport,
             may_block,
+            early_reply: drc_key.as_ref().filter(|_| keep).and_then(|key| self.drc.early_reply(key)),
         };
-        let drc_key = program
-            .is_non_idempotent(ctx.version, ctx.procedure)
-            .then(|| DrcKey::new(ctx.peer.ip(), xid, ctx.program, ctx.version, ctx.procedure, r.rest()));
         if let Some(key) = &drc_key {
             match self.drc.begin(key) {
                 Lookup::New => {}
@@ -206,7 +211,6 @@ impl Dispatcher {
             // answer NOENT.) One that panicked is better tried again than answered
             // SYSTEM_ERR for good.
             if ran && !status.is_some_and(|s| program.refused_unchanged(ctx.procedure, s)) {
-                let keep = program.is_kept_across_restarts(ctx.version, ctx.procedure);
                 self.drc.complete(key, reply.clone(), keep);
             } else {
                 self.drc.abandon(key);

@@ -9,6 +9,13 @@
 //! upgrade) sends the call again to the new process and gets the first answer, not
 //! EEXIST for its CREATE or ENOENT for its REMOVE. The file is written without a sync:
 //! it survives the process, not a power cut.
+//!
+//! A change's reply is written twice: once made, before the change is durable (the
+//! directory's sync is most of such a call's time, so that is when a kill most likely
+//! comes), and again once it is. A reply of the first kind is replayed only by a process
+//! of the same boot, after the change has been made durable at start: the change then
+//! survives in the kernel's page cache. After a power cut it may be gone, and so is the
+//! reply.
 
 use super::Reply;
 use parking_lot::Mutex;
@@ -57,7 +64,8 @@ impl DrcKey {
 
 #[derive(Debug, Clone)]
 enum Entry {
-    InProgress,
+    /// `kept_at`: the journal sequence number its reply was put aside under, if it was.
+    InProgress { kept_at: Option<u64> },
     Done(Arc<Reply>),
 }
 
@@ -80,10 +88,20 @@ pub struct DuplicateRequestCache {
 
 /// Bytes per journal slot: a header and one reply (a CREATE's is about 300 bytes).
 const SLOT: usize = 1024;
-const MAGIC: [u8; 4] = *b"NDJ1";
-/// magic, sequence, address, XID, program, version, procedure, argument length and
-/// checksum, reply length, then the slot's own checksum.
-const HEADER: usize = 4 + 8 + 16 + 4 * 4 + 8 + 16 + 2 + 8;
+const MAGIC: [u8; 4] = *b"NDJ2";
+/// magic, sequence, boot, state, address, XID, program, version, procedure, argument
+/// length and checksum, reply length, then the slot's own checksum.
+const HEADER: usize = 4 + 8 + 16 + 1 + 16 + 4 * 4 + 8 + 16 + 2 + 8;
+const KERNEL_BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+
+/// How far a kept reply's change had got when the reply was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kept {
+    /// Made, and perhaps not yet durable.
+    Made = 1,
+    /// Durable (or failed, and the reply says so).
+    Durable = 2,
+}
 
 /// The replies kept across restarts: a file of fixed slots, written in turn (slot =
 /// sequence number modulo the slot count), each with a checksum, so a slot half written
@@ -93,10 +111,28 @@ struct Journal {
     slots: u64,
     next: AtomicU64,
     warned: AtomicBool,
+    /// This boot of the kernel, if known: a reply written before its change was durable
+    /// is trusted only by a later process of the same boot.
+    boot: Option<[u8; 16]>,
+}
+
+/// One reply read back from the journal.
+struct Found {
+    seq: u64,
+    key: DrcKey,
+    reply: Vec<u8>,
+    kept: Kept,
+    this_boot: bool,
+}
+
+/// The kernel's boot id, hashed to 16 bytes; `None` where it cannot be read.
+fn kernel_boot() -> Option<[u8; 16]> {
+    let id = std::fs::read_to_string(KERNEL_BOOT_ID).ok()?;
+    Some(blake3::hash(id.trim().as_bytes()).as_bytes()[..16].try_into().expect("16 bytes"))
 }
 
 impl Journal {
-    fn encode(seq: u64, key: &DrcKey, reply: &[u8]) -> Option<Vec<u8>> {
+    fn encode(&self, seq: u64, key: &DrcKey, reply: &[u8], kept: Kept) -> Option<Vec<u8>> {
         if reply.len() > SLOT - HEADER {
             return None;
         }
@@ -107,6 +143,8 @@ impl Journal {
         let mut b = Vec::with_capacity(SLOT);
         b.extend_from_slice(&MAGIC);
         b.extend_from_slice(&seq.to_be_bytes());
+        b.extend_from_slice(&self.boot.unwrap_or_default());
+        b.push(kept as u8);
         b.extend_from_slice(&ip.octets());
         for word in [key.xid, key.program, key.version, key.procedure] {
             b.extend_from_slice(&word.to_be_bytes());
@@ -116,6 +154,7 @@ impl Journal {
         b.extend_from_slice(&(reply.len() as u16).to_be_bytes());
         let sum_at = b.len();
         b.extend_from_slice(&[0; 8]);
+        debug_assert_eq!(b.len(), HEADER);
         b.extend_from_slice(reply);
         let sum = Self::checksum(&b, sum_at);
         b[sum_at..sum_at + 8].copy_from_slice(&sum);
@@ -132,9 +171,7 @@ impl Journal {
         h.finalize().as_bytes()[..8].try_into().expect("8 bytes")
     }
 
-    fn decode(slot: &[u8]) -> Option<(u64, DrcKey, Vec<u8>)> {
-        let word = |at: usize| u32::from_be_bytes(slot[at..at + 4].try_into().expect("4 bytes"));
-        let long = |at: usize| u64::from_be_bytes(slot[at..at + 8].try_into().expect("8 bytes"));
+    fn decode(&self, slot: &[u8]) -> Option<Found> {
         if slot.len() != SLOT || slot[..4] != MAGIC {
             return None;
         }
@@ -143,23 +180,38 @@ impl Journal {
         if len > SLOT - HEADER || slot[sum_at..HEADER] != Self::checksum(&slot[..HEADER + len], sum_at) {
             return None;
         }
-        let ip = Ipv6Addr::from(<[u8; 16]>::try_from(&slot[12..28]).expect("16 bytes"));
+        let mut at = 4;
+        let mut take = |n: usize| {
+            at += n;
+            &slot[at - n..at]
+        };
+        let word = |b: &[u8]| u32::from_be_bytes(b.try_into().expect("4 bytes"));
+        let long = |b: &[u8]| u64::from_be_bytes(b.try_into().expect("8 bytes"));
+        let seq = long(take(8));
+        let boot: [u8; 16] = take(16).try_into().expect("16 bytes");
+        let kept = match take(1)[0] {
+            1 => Kept::Made,
+            2 => Kept::Durable,
+            _ => return None,
+        };
+        let ip = Ipv6Addr::from(<[u8; 16]>::try_from(take(16)).expect("16 bytes"));
         let client = ip.to_ipv4_mapped().map_or(IpAddr::V6(ip), IpAddr::V4);
         let key = DrcKey {
             client,
-            xid: word(28),
-            program: word(32),
-            version: word(36),
-            procedure: word(40),
-            args_len: usize::try_from(long(44)).ok()?,
-            args_sum: slot[52..68].try_into().expect("16 bytes"),
+            xid: word(take(4)),
+            program: word(take(4)),
+            version: word(take(4)),
+            procedure: word(take(4)),
+            args_len: usize::try_from(long(take(8))).ok()?,
+            args_sum: take(16).try_into().expect("16 bytes"),
         };
-        Some((long(4), key, slot[HEADER..HEADER + len].to_vec()))
+        let this_boot = self.boot == Some(boot);
+        Some(Found { seq, key, reply: slot[HEADER..HEADER + len].to_vec(), kept, this_boot })
     }
 
     /// Opens (or makes, mode 0600) the journal at `path` with `slots` slots, and returns
-    /// the replies it holds, oldest first.
-    fn open(path: &Path, slots: usize) -> std::io::Result<(Journal, Vec<(DrcKey, Vec<u8>)>)> {
+    /// the replies it holds, oldest first. `boot`: this boot of the kernel, if known.
+    fn open(path: &Path, slots: usize, boot: Option<[u8; 16]>) -> std::io::Result<(Journal, Vec<Found>)> {
         use std::io::Read;
         use std::os::unix::fs::OpenOptionsExt;
         let mut file = std::fs::OpenOptions::new()
@@ -173,22 +225,56 @@ impl Journal {
         let slots = slots.max(1);
         let mut bytes = Vec::new();
         (&mut file).take((slots * SLOT) as u64).read_to_end(&mut bytes)?;
-        let mut found: Vec<_> = bytes.chunks_exact(SLOT).filter_map(Self::decode).collect();
-        found.sort_by_key(|(seq, ..)| *seq);
-        let next = found.last().map_or(0, |(seq, ..)| seq + 1);
         file.set_len((slots * SLOT) as u64)?;
-        let journal = Journal { file, slots: slots as u64, next: AtomicU64::new(next), warned: AtomicBool::new(false) };
-        Ok((journal, found.into_iter().map(|(_, key, reply)| (key, reply)).collect()))
+        let mut journal = Journal { file, slots: slots as u64, next: AtomicU64::new(0), warned: AtomicBool::new(false), boot };
+        let mut found: Vec<_> = bytes.chunks_exact(SLOT).filter_map(|slot| journal.decode(slot)).collect();
+        found.sort_by_key(|f| f.seq);
+        journal.next = AtomicU64::new(found.last().map_or(0, |f| f.seq + 1));
+        Ok((journal, found))
     }
 
-    fn write(&self, key: &DrcKey, reply: &[u8]) {
-        let seq = self.next.fetch_add(1, Ordering::Relaxed);
-        let Some(slot) = Self::encode(seq, key, reply) else { return };
-        if let Err(e) = self.file.write_all_at(&slot, (seq % self.slots) * SLOT as u64) {
+    /// A sequence number, and so a slot, for a reply to be written.
+    fn take_seq(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn write(&self, seq: u64, key: &DrcKey, reply: &[u8], kept: Kept) {
+        let Some(slot) = self.encode(seq, key, reply, kept) else { return };
+        self.write_slot(seq, &slot);
+    }
+
+    /// Empties the slot of a reply put aside for a call that then gave none.
+    fn clear(&self, seq: u64) {
+        self.write_slot(seq, &[0; SLOT]);
+    }
+
+    fn write_slot(&self, seq: u64, slot: &[u8]) {
+        if let Err(e) = self.file.write_all_at(slot, (seq % self.slots) * SLOT as u64) {
             if !self.warned.swap(true, Ordering::Relaxed) {
                 tracing::warn!(error = %e, "writing the duplicate request journal failed: replies are kept in memory only");
             }
         }
+    }
+}
+
+/// Where a call's reply is put aside before its change is durable: the journal, under the
+/// call's key. Handed to the procedure with the call ([`super::CallContext`]).
+#[derive(Clone, Copy)]
+pub struct EarlyReply<'a> {
+    cache: &'a DuplicateRequestCache,
+    key: &'a DrcKey,
+}
+
+impl EarlyReply<'_> {
+    /// Puts the framed reply aside (see [`DuplicateRequestCache::keep_before_durable`]).
+    pub fn keep(&self, reply: &[u8]) {
+        self.cache.keep_before_durable(self.key, reply);
+    }
+}
+
+impl std::fmt::Debug for EarlyReply<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EarlyReply").field("key", self.key).finish()
     }
 }
 
@@ -221,7 +307,7 @@ impl Inner {
                     Entry::Done(_) => {
                         self.entries.remove(&old);
                     }
-                    Entry::InProgress => {
+                    Entry::InProgress { .. } => {
                         self.order.push_back((old, number));
                         running += 1;
                     }
@@ -239,29 +325,79 @@ impl DuplicateRequestCache {
     }
 
     /// A cache that keeps the replies `complete` is asked to keep in the journal at
-    /// `path`, starting with those a previous process left there.
-    pub fn with_journal(capacity: usize, path: &Path) -> std::io::Result<Self> {
-        let (journal, kept) = Journal::open(path, capacity)?;
+    /// `path`, starting with those a previous process left there. Replies written before
+    /// their change was durable are taken only from a process of this boot, and only if
+    /// `settle` (called once, if there are any) makes every change durable and says so.
+    pub fn with_journal(capacity: usize, path: &Path, settle: impl FnOnce() -> bool) -> std::io::Result<Self> {
+        Self::with_journal_of_boot(capacity, path, kernel_boot(), settle)
+    }
+
+    fn with_journal_of_boot(capacity: usize, path: &Path, boot: Option<[u8; 16]>, settle: impl FnOnce() -> bool) -> std::io::Result<Self> {
+        let (journal, found) = Journal::open(path, capacity, boot)?;
+        let unsettled = found.iter().filter(|f| f.kept == Kept::Made && f.this_boot).count();
+        let settled = unsettled > 0 && settle();
+        if unsettled > 0 {
+            tracing::info!(replies = unsettled, settled, "replies put aside by the last process before their changes were durable");
+        }
         let mut cache = Self::new(capacity);
         {
             let inner = cache.inner.get_mut();
-            for (key, bytes) in kept {
+            for f in found {
+                if f.kept == Kept::Made {
+                    if f.this_boot && settled {
+                        journal.write(f.seq, &f.key, &f.reply, Kept::Durable);
+                    } else {
+                        // Its change may have been lost with the page cache, or not be
+                        // durable: run again, the call answers what is now true.
+                        journal.clear(f.seq);
+                        continue;
+                    }
+                }
                 inner.make_room(cache.capacity);
                 inner.insertions += 1;
                 let insertion = inner.insertions;
-                let reply = Arc::new(Reply { bytes, file: None });
-                inner.entries.insert(key.clone(), Slot { entry: Entry::Done(reply), insertion });
-                inner.order.push_back((key, insertion));
+                let reply = Arc::new(Reply { bytes: f.reply, file: None });
+                inner.entries.insert(f.key.clone(), Slot { entry: Entry::Done(reply), insertion });
+                inner.order.push_back((f.key, insertion));
             }
         }
         cache.journal = Some(journal);
         Ok(cache)
     }
 
+    /// Where the procedure of the call `key` puts its reply aside before its change is
+    /// durable; `None` without a journal.
+    pub fn early_reply<'a>(&'a self, key: &'a DrcKey) -> Option<EarlyReply<'a>> {
+        self.journal.is_some().then_some(EarlyReply { cache: self, key })
+    }
+
+    /// Writes the framed reply of the running call `key`, whose change is made but perhaps
+    /// not durable, to the journal; [`Self::complete`] writes its final reply to the same
+    /// slot.
+    pub fn keep_before_durable(&self, key: &DrcKey, reply: &[u8]) {
+        let Some(journal) = &self.journal else { return };
+        let seq = {
+            let mut inner = self.inner.lock();
+            match inner.entries.get_mut(key).map(|slot| &mut slot.entry) {
+                Some(Entry::InProgress { kept_at }) => *kept_at.get_or_insert_with(|| journal.take_seq()),
+                _ => return,
+            }
+        };
+        journal.write(seq, key, reply, Kept::Made);
+    }
+
+    /// The journal slot the running call `key` put its reply aside in, if it did.
+    fn kept_at(&self, key: &DrcKey) -> Option<u64> {
+        match self.inner.lock().entries.get(key).map(|slot| &slot.entry) {
+            Some(Entry::InProgress { kept_at }) => *kept_at,
+            _ => None,
+        }
+    }
+
     pub fn begin(&self, key: &DrcKey) -> Lookup {
         let mut inner = self.inner.lock();
         match inner.entries.get(key).map(|slot| &slot.entry) {
-            Some(Entry::InProgress) => {
+            Some(Entry::InProgress { .. }) => {
                 self.hits.fetch_add(1, Ordering::Relaxed);
                 Lookup::InProgress
             }
@@ -279,7 +415,7 @@ impl DuplicateRequestCache {
                 }
                 inner.insertions += 1;
                 let insertion = inner.insertions;
-                inner.entries.insert(key.clone(), Slot { entry: Entry::InProgress, insertion });
+                inner.entries.insert(key.clone(), Slot { entry: Entry::InProgress { kept_at: None }, insertion });
                 inner.order.push_back((key.clone(), insertion));
                 Lookup::New
             }
@@ -289,9 +425,12 @@ impl DuplicateRequestCache {
     /// Records the reply of a call that ran; `keep` also writes it to the journal, if
     /// there is one (a reply carrying file data never is).
     pub fn complete(&self, key: &DrcKey, reply: Arc<Reply>, keep: bool) {
-        if keep && reply.file.is_none() {
-            if let Some(journal) = &self.journal {
-                journal.write(key, &reply.bytes);
+        if let Some(journal) = &self.journal {
+            let kept_at = self.kept_at(key);
+            if keep && reply.file.is_none() {
+                journal.write(kept_at.unwrap_or_else(|| journal.take_seq()), key, &reply.bytes, Kept::Durable);
+            } else if let Some(seq) = kept_at {
+                journal.clear(seq);
             }
         }
         let mut inner = self.inner.lock();
@@ -305,8 +444,13 @@ impl DuplicateRequestCache {
     /// Forgets a call that produced no reply, so a retransmit runs it.
     pub fn abandon(&self, key: &DrcKey) {
         let mut inner = self.inner.lock();
-        if matches!(inner.entries.get(key), Some(Slot { entry: Entry::InProgress, .. })) {
+        if let Some(Slot { entry: Entry::InProgress { kept_at }, .. }) = inner.entries.get(key) {
+            let kept_at = *kept_at;
             inner.entries.remove(key);
+            drop(inner);
+            if let (Some(journal), Some(seq)) = (&self.journal, kept_at) {
+                journal.clear(seq);
+            }
         }
     }
 
@@ -452,13 +596,13 @@ mod tests {
         let path = dir.path().join("journal");
         let v6 = DrcKey::new("2001:db8::7".parse().unwrap(), 9, 100003, 3, 14, b"rename");
         {
-            let drc = DuplicateRequestCache::with_journal(8, &path).unwrap();
+            let drc = DuplicateRequestCache::with_journal(8, &path, || true).unwrap();
             completed(&drc, &key(1, b"create"), vec![1; 300], true);
             completed(&drc, &key(2, b"write"), vec![2; 100], false);
             completed(&drc, &v6, vec![3; 40], true);
             completed(&drc, &key(4, b"huge"), vec![4; SLOT], true); // too big for a slot
         }
-        let drc = DuplicateRequestCache::with_journal(8, &path).unwrap();
+        let drc = DuplicateRequestCache::with_journal(8, &path, || true).unwrap();
         assert_eq!(drc.begin(&key(1, b"create")), Lookup::Replay(reply(vec![1; 300])));
         assert_eq!(drc.begin(&v6), Lookup::Replay(reply(vec![3; 40])));
         assert_eq!(drc.begin(&key(2, b"write")), Lookup::New, "not asked to be kept");
@@ -472,7 +616,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("journal");
         {
-            let drc = DuplicateRequestCache::with_journal(4, &path).unwrap();
+            let drc = DuplicateRequestCache::with_journal(4, &path, || true).unwrap();
             for x in 0..10 {
                 completed(&drc, &key(x, b"a"), vec![x as u8; 50], true);
             }
@@ -482,7 +626,7 @@ mod tests {
             let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
             f.write_all_at(&[0xff], (HEADER + 3) as u64).unwrap();
         }
-        let drc = DuplicateRequestCache::with_journal(4, &path).unwrap();
+        let drc = DuplicateRequestCache::with_journal(4, &path, || true).unwrap();
         for x in [6, 7, 9] {
             assert_eq!(drc.begin(&key(x, b"a")), Lookup::Replay(reply(vec![x as u8; 50])), "xid {x}");
         }
@@ -491,12 +635,88 @@ mod tests {
         // Sequence numbers go on from the newest kept (9): the next reply takes the
         // slot of 6, the oldest, and 9 stays.
         drop(drc);
-        let drc = DuplicateRequestCache::with_journal(4, &path).unwrap();
+        let drc = DuplicateRequestCache::with_journal(4, &path, || true).unwrap();
         completed(&drc, &key(20, b"a"), vec![20; 10], true);
         drop(drc);
-        let drc = DuplicateRequestCache::with_journal(4, &path).unwrap();
+        let drc = DuplicateRequestCache::with_journal(4, &path, || true).unwrap();
         assert_eq!(drc.begin(&key(6, b"a")), Lookup::New);
         assert_eq!(drc.begin(&key(20, b"a")), Lookup::Replay(reply(vec![20; 10])));
         assert_eq!(drc.begin(&key(9, b"a")), Lookup::Replay(reply(vec![9; 50])));
+    }
+
+    const BOOT: Option<[u8; 16]> = Some([1; 16]);
+    const NEXT_BOOT: Option<[u8; 16]> = Some([2; 16]);
+
+    /// A process of `boot` that begins `k` and puts `early` aside, then dies before
+    /// its change is durable.
+    fn killed_during_the_sync(path: &Path, boot: Option<[u8; 16]>, k: &DrcKey, early: &[u8]) {
+        let drc = DuplicateRequestCache::with_journal_of_boot(8, path, boot, || true).unwrap();
+        assert_eq!(drc.begin(k), Lookup::New);
+        drc.keep_before_durable(k, early);
+    }
+
+    #[test]
+    fn a_reply_put_aside_before_its_change_was_durable_is_replayed_after_settling_in_the_same_boot() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal");
+        let k = key(1, b"create");
+        killed_during_the_sync(&path, BOOT, &k, &[7; 200]);
+        let mut settles = 0;
+        let drc = DuplicateRequestCache::with_journal_of_boot(8, &path, BOOT, || {
+            settles += 1;
+            true
+        })
+        .unwrap();
+        assert_eq!(settles, 1);
+        assert_eq!(drc.begin(&k), Lookup::Replay(reply(vec![7; 200])));
+        drop(drc);
+        // Settled, it is as durable as any: a process of another boot replays it too.
+        let drc = DuplicateRequestCache::with_journal_of_boot(8, &path, NEXT_BOOT, || panic!("nothing left to settle")).unwrap();
+        assert_eq!(drc.begin(&k), Lookup::Replay(reply(vec![7; 200])));
+    }
+
+    #[test]
+    fn a_reply_put_aside_before_its_change_was_durable_is_dropped_unless_settled_in_the_same_boot() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal");
+        let (made, durable) = (key(1, b"remove"), key(2, b"mkdir"));
+        {
+            let drc = DuplicateRequestCache::with_journal_of_boot(8, &path, BOOT, || true).unwrap();
+            completed(&drc, &durable, vec![2; 100], true);
+        }
+        killed_during_the_sync(&path, BOOT, &made, &[1; 100]);
+        // The settling failed: the change may not be durable.
+        let drc = DuplicateRequestCache::with_journal_of_boot(8, &path, BOOT, || false).unwrap();
+        assert_eq!(drc.begin(&made), Lookup::New);
+        assert_eq!(drc.begin(&durable), Lookup::Replay(reply(vec![2; 100])));
+        drop(drc);
+        // A power cut: the change may have gone with the page cache. And a kernel whose
+        // boot is unknown vouches for nothing.
+        for boot in [NEXT_BOOT, None] {
+            killed_during_the_sync(&path, BOOT, &made, &[1; 100]);
+            let drc = DuplicateRequestCache::with_journal_of_boot(8, &path, boot, || panic!("nothing of this boot to settle")).unwrap();
+            assert_eq!(drc.begin(&made), Lookup::New);
+            assert_eq!(drc.begin(&durable), Lookup::Replay(reply(vec![2; 100])));
+        }
+    }
+
+    #[test]
+    fn the_final_reply_replaces_the_one_put_aside_and_an_abandoned_call_leaves_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal");
+        let (failed, abandoned) = (key(1, b"rename"), key(2, b"link"));
+        {
+            let drc = DuplicateRequestCache::with_journal_of_boot(2, &path, BOOT, || true).unwrap();
+            assert_eq!(drc.begin(&failed), Lookup::New);
+            drc.keep_before_durable(&failed, &[1; 60]);
+            // Its sync failed: the reply sent says so.
+            drc.complete(&failed, reply(vec![5; 30]), true);
+            assert_eq!(drc.begin(&abandoned), Lookup::New);
+            drc.keep_before_durable(&abandoned, &[2; 60]);
+            drc.abandon(&abandoned);
+        }
+        let drc = DuplicateRequestCache::with_journal_of_boot(2, &path, BOOT, || panic!("nothing to settle")).unwrap();
+        assert_eq!(drc.begin(&failed), Lookup::Replay(reply(vec![5; 30])));
+        assert_eq!(drc.begin(&abandoned), Lookup::New);
     }
 }

@@ -36,7 +36,7 @@ impl Reply {
 
 /// What a procedure sees of the call it is serving.
 #[derive(Debug, Clone)]
-pub struct CallContext {
+pub struct CallContext<'a> {
     pub xid: u32,
     pub program: u32,
     pub version: u32,
@@ -50,6 +50,22 @@ pub struct CallContext {
     /// False on a network thread: the procedure must not wait for the disk and returns
     /// [`ProcError::WouldBlock`] instead, to be run again on a thread that may.
     pub may_block: bool,
+    /// Where [`Self::reply_before_durable`] puts the reply: for calls the duplicate
+    /// request journal keeps, if there is one.
+    pub early_reply: Option<drc::EarlyReply<'a>>,
+}
+
+impl CallContext<'_> {
+    /// Called by a procedure whose successful reply, complete in `out` (the dispatcher's
+    /// writer), speaks of a change that is made and about to be made durable. The reply
+    /// is put aside first, so that a retransmission reaching a server restarted during
+    /// the sync is answered with it rather than running the change again; the
+    /// dispatcher's final reply, success or failure, replaces it.
+    pub fn reply_before_durable(&self, out: &XdrWriter) {
+        if let Some(early) = &self.early_reply {
+            early.keep(&record::framed_copy(out));
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

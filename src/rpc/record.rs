@@ -165,6 +165,15 @@ pub fn begin_record(capacity: usize) -> XdrWriter {
     w
 }
 
+/// The record a buffer started with [`begin_record`] would be now, as a copy (its file
+/// part, if any, left out).
+pub fn framed_copy(w: &XdrWriter) -> Vec<u8> {
+    let mut bytes = w.as_slice().to_vec();
+    let len = (bytes.len() - 4) as u32;
+    bytes[..4].copy_from_slice(&(LAST_FRAGMENT | len).to_be_bytes());
+    bytes
+}
+
 /// Fills in the record mark of a buffer started with [`begin_record`], as a single
 /// last fragment (covering a file opaque at its end too).
 pub fn finish_record(mut w: XdrWriter) -> Reply {

@@ -159,7 +159,7 @@ impl Server {
         ];
         let shared = Arc::new(Shared {
             dispatcher: Dispatcher::new(programs, config.limits.drc_entries, metrics.clone())
-                .with_drc_journal(&state_dir.join(DRC_JOURNAL))
+                .with_drc_journal(&state_dir.join(DRC_JOURNAL), || make_exports_durable(&state))
                 .with_context(|| format!("duplicate request journal in {}", state_dir.display()))?,
             metrics,
             limits: config.limits.clone(),
@@ -324,6 +324,18 @@ impl ExportReloader {
         self.state.replace_exports(next);
         Ok(summary)
     }
+}
+
+/// Makes every change to the exports durable, those of a killed earlier process
+/// included; false if any could not be.
+fn make_exports_durable(state: &ServerState) -> bool {
+    state.exports().iter().all(|rt| match rt.vfs.make_all_durable() {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(export = %rt.export.path.display(), error = ?e, "could not make the export's changes durable at start");
+            false
+        }
+    })
 }
 
 /// Open objects and connections each hold descriptors; ask for as many as allowed.

@@ -264,12 +264,64 @@ pub struct PathConf {
     pub max_file_size: u64,
 }
 
-/// A storage backend. Every method runs with `cred`'s permissions.
+/// A change that has been made and may not yet be durable. [`Made::durable`] waits until
+/// it is (in a `sync` export: the directory's or the file system's sync) and returns its
+/// result. Meanwhile a server can put the reply aside, so that a server killed during the
+/// sync still answers a retransmission of the call with it (the duplicate request journal).
+#[must_use = "a change is not known to be durable until `durable` returns"]
+pub struct Made<'a, T> {
+    pub result: T,
+    pending: Option<Box<dyn FnOnce() -> VfsResult<()> + 'a>>,
+}
+
+impl<'a, T> Made<'a, T> {
+    /// A change that is durable already, or never will be waited for (an `async` export).
+    pub fn durable_already(result: T) -> Self {
+        Self { result, pending: None }
+    }
+
+    /// A change that `make_durable` makes durable.
+    pub fn pending(result: T, make_durable: impl FnOnce() -> VfsResult<()> + 'a) -> Self {
+        Self { result, pending: Some(Box::new(make_durable)) }
+    }
+
+    pub fn is_durable(&self) -> bool {
+        self.pending.is_none()
+    }
+
+    /// Waits until the change is durable: its result, or why it may not be.
+    pub fn durable(self) -> VfsResult<T> {
+        if let Some(make_durable) = self.pending {
+            make_durable()?;
+        }
+        Ok(self.result)
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for Made<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Made").field("result", &self.result).field("durable", &self.is_durable()).finish()
+    }
+}
+
+/// `.durable()` on the outcome of a change, for callers with nothing to do in between.
+pub trait WaitDurable<T> {
+    fn durable(self) -> VfsResult<T>;
+}
+
+impl<T> WaitDurable<T> for VfsResult<Made<'_, T>> {
+    fn durable(self) -> VfsResult<T> {
+        self?.durable()
+    }
+}
+
+/// A storage backend. Every method runs with `cred`'s permissions. Changes to the
+/// namespace and to attributes return once made, with what makes them durable ([`Made`]).
 pub trait Vfs: Send + Sync {
     fn root(&self) -> ObjectId;
     fn getattr(&self, cred: &Cred, obj: &ObjectId) -> VfsResult<Attr>;
     /// `guard_ctime`: fail with `NotSync` unless the object's ctime equals it.
-    fn setattr(&self, cred: &Cred, obj: &ObjectId, attrs: &SetAttrs, guard_ctime: Option<Timespec>) -> VfsResult<Wcc>;
+    fn setattr<'a>(&'a self, cred: &'a Cred, obj: &ObjectId, attrs: &SetAttrs, guard_ctime: Option<Timespec>) -> VfsResult<Made<'a, Wcc>>;
     fn lookup(&self, cred: &Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<(ObjectId, Attr)>;
     /// Returns which of the `mask` bits the caller is granted.
     fn access(&self, cred: &Cred, obj: &ObjectId, mask: u32) -> VfsResult<(u32, Attr)>;
@@ -297,14 +349,14 @@ pub trait Vfs: Send + Sync {
     ) -> VfsResult<WriteResult>;
     /// Makes everything written to the object durable.
     fn commit(&self, cred: &Cred, obj: &ObjectId, offset: u64, count: u64) -> VfsResult<Wcc>;
-    fn create(&self, cred: &Cred, dir: &ObjectId, name: &[u8], how: &CreateHow) -> VfsResult<Created>;
-    fn mkdir(&self, cred: &Cred, dir: &ObjectId, name: &[u8], attrs: &SetAttrs) -> VfsResult<Created>;
-    fn symlink(&self, cred: &Cred, dir: &ObjectId, name: &[u8], target: &[u8], attrs: &SetAttrs) -> VfsResult<Created>;
-    fn mknod(&self, cred: &Cred, dir: &ObjectId, name: &[u8], node: SpecialNode, attrs: &SetAttrs) -> VfsResult<Created>;
-    fn remove(&self, cred: &Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<Wcc>;
-    fn rmdir(&self, cred: &Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<Wcc>;
-    fn rename(&self, cred: &Cred, from_dir: &ObjectId, from: &[u8], to_dir: &ObjectId, to: &[u8]) -> VfsResult<(Wcc, Wcc)>;
-    fn link(&self, cred: &Cred, obj: &ObjectId, dir: &ObjectId, name: &[u8]) -> VfsResult<(Attr, Wcc)>;
+    fn create<'a>(&'a self, cred: &'a Cred, dir: &ObjectId, name: &[u8], how: &CreateHow) -> VfsResult<Made<'a, Created>>;
+    fn mkdir<'a>(&'a self, cred: &'a Cred, dir: &ObjectId, name: &[u8], attrs: &SetAttrs) -> VfsResult<Made<'a, Created>>;
+    fn symlink<'a>(&'a self, cred: &'a Cred, dir: &ObjectId, name: &[u8], target: &[u8], attrs: &SetAttrs) -> VfsResult<Made<'a, Created>>;
+    fn mknod<'a>(&'a self, cred: &'a Cred, dir: &ObjectId, name: &[u8], node: SpecialNode, attrs: &SetAttrs) -> VfsResult<Made<'a, Created>>;
+    fn remove<'a>(&'a self, cred: &'a Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<Made<'a, Wcc>>;
+    fn rmdir<'a>(&'a self, cred: &'a Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<Made<'a, Wcc>>;
+    fn rename<'a>(&'a self, cred: &'a Cred, from_dir: &ObjectId, from: &[u8], to_dir: &ObjectId, to: &[u8]) -> VfsResult<Made<'a, (Wcc, Wcc)>>;
+    fn link<'a>(&'a self, cred: &'a Cred, obj: &ObjectId, dir: &ObjectId, name: &[u8]) -> VfsResult<Made<'a, (Attr, Wcc)>>;
     /// Lists `dir` from `cookie` (0 = start), offering entries to `accept` until it
     /// returns false (reply full) or the directory ends. `max_entries` is the caller's
     /// estimate of how many entries it can take, for backends that prepare entries in
@@ -323,4 +375,8 @@ pub trait Vfs: Send + Sync {
     /// Changes on every server start, and whenever the backend can no longer vouch for
     /// UNSTABLE writes it acknowledged (a failed sync), so clients resend uncommitted writes.
     fn write_verifier(&self) -> [u8; 8];
+    /// Makes every change made so far durable, an earlier server process's included: a
+    /// new process does this before it answers from replies an old one put aside while
+    /// their changes were still being made durable.
+    fn make_all_durable(&self) -> VfsResult<()>;
 }

@@ -837,6 +837,15 @@ impl LocalFs {
         }
     }
 
+    /// A change made: in a `sync` export, with `make_durable` still to run.
+    fn made<'a, T>(&self, result: T, make_durable: impl FnOnce() -> VfsResult<()> + 'a) -> Made<'a, T> {
+        if self.sync {
+            Made::pending(result, make_durable)
+        } else {
+            Made::durable_already(result)
+        }
+    }
+
     /// After a failed sync nasd can no longer vouch for UNSTABLE writes to any file: the
     /// kernel may have dropped their data, and it reports that once, to one caller (the
     /// sync group passes it on only to the callers of that sync and the next). A new write verifier
@@ -928,19 +937,19 @@ impl LocalFs {
         Ok(())
     }
 
-    /// Finishes a create-like operation: caches the new object, applies attributes and
-    /// makes the directory durable. `created`: the descriptor that made the object, where
-    /// there is one; otherwise the object is found by name again, and a rename over that
-    /// name in between would hand back another object.
-    fn finish_create(
-        &self,
-        cred: &Cred,
-        (dir, dir_before, dir_wcc): (&CachedObject, &Attr, Wcc),
+    /// Finishes a create-like operation: caches the new object and applies attributes;
+    /// making the directory durable is what remains. `created`: the descriptor that made
+    /// the object, where there is one; otherwise the object is found by name again, and a
+    /// rename over that name in between would hand back another object.
+    fn finish_create<'a>(
+        &'a self,
+        cred: &'a Cred,
+        (dir, dir_before, dir_wcc): (Arc<CachedObject>, Attr, Wcc),
         since: Since,
         name: &CString,
         created: Option<OwnedFd>,
         attrs: Option<&SetAttrs>,
-    ) -> VfsResult<Created> {
+    ) -> VfsResult<Made<'a, Created>> {
         // A new file is empty: a size other than 0 extends it, as knfsd's create does.
         let grow = attrs.and_then(|a| a.size).filter(|&size| size > 0);
         if let (Some(size), Some(created)) = (grow, &created) {
@@ -948,7 +957,7 @@ impl LocalFs {
         }
         let (id, mut attr, fd) = match created {
             Some(created) => self.open_created(&created)?,
-            None => self.open_entry(dir, name)?,
+            None => self.open_entry(&dir, name)?,
         };
         let mut inode_changed = grow.is_some() && attr.kind == FileKind::Regular;
         if let Some(attrs) = attrs {
@@ -967,8 +976,10 @@ impl LocalFs {
             attr = sys::attr_from_stat(&sys::fstat(fd.as_raw_fd())?, self.fsid);
         }
         let obj = self.cache.insert(id, CachedObject::new(fd));
-        self.commit_created(cred, (dir, dir_before, since), (&obj, &attr), inode_changed)?;
-        Ok(Created { obj: id, attr, dir_wcc })
+        let durable_attr = attr.clone();
+        Ok(self.made(Created { obj: id, attr, dir_wcc }, move || {
+            self.commit_created(cred, (&dir, &dir_before, since), (&obj, &durable_attr), inode_changed)
+        }))
     }
 
     /// In `sync` mode, makes a new entry durable, and the new object's inode where it
@@ -1028,7 +1039,7 @@ impl Vfs for LocalFs {
         self.resolve(cred, obj).map(|(_, a)| a)
     }
 
-    fn setattr(&self, cred: &Cred, id: &ObjectId, attrs: &SetAttrs, guard_ctime: Option<Timespec>) -> VfsResult<Wcc> {
+    fn setattr<'a>(&'a self, cred: &'a Cred, id: &ObjectId, attrs: &SetAttrs, guard_ctime: Option<Timespec>) -> VfsResult<Made<'a, Wcc>> {
         let _modifying = self.modifying();
         let (obj, resolved) = self.resolve(cred, id)?;
         let since = self.since(&obj);
@@ -1079,8 +1090,8 @@ impl Vfs for LocalFs {
         }
         let after = self.stat(&obj).ok();
         drop(locked);
-        self.commit_inode(cred, &obj, &before, since)?;
-        Ok(Wcc { before: Some(PreOpAttr::from(&before)), after })
+        let wcc = Wcc { before: Some(PreOpAttr::from(&before)), after };
+        Ok(self.made(wcc, move || self.commit_inode(cred, &obj, &before, since)))
     }
 
     fn lookup(&self, cred: &Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<(ObjectId, Attr)> {
@@ -1231,7 +1242,7 @@ impl Vfs for LocalFs {
         Ok(Wcc { before: Some(PreOpAttr::from(&before)), after: self.stat(&obj).ok() })
     }
 
-    fn create(&self, cred: &Cred, dir: &ObjectId, name: &[u8], how: &CreateHow) -> VfsResult<Created> {
+    fn create<'a>(&'a self, cred: &'a Cred, dir: &ObjectId, name: &[u8], how: &CreateHow) -> VfsResult<Made<'a, Created>> {
         let _modifying = self.modifying();
         let (dobj, dattr, c) = self.new_entry(cred, dir, name)?;
         let since = self.since(&dobj);
@@ -1246,7 +1257,7 @@ impl Vfs for LocalFs {
                 }
                 let mode = attrs.mode.unwrap_or(0o644) & 0o7777;
                 match self.change_entries([(&*dobj, dattr.fileid)], || sys::openat(dfd, &c, excl, mode)) {
-                    Ok((fd, [wcc])) => self.finish_create(cred, (&dobj, &dattr, wcc), since, &c, Some(fd), Some(attrs)),
+                    Ok((fd, [wcc])) => self.finish_create(cred, (dobj, dattr, wcc), since, &c, Some(fd), Some(attrs)),
                     Err(VfsError::Exist) if matches!(how, CreateHow::Unchecked(_)) => {
                         // UNCHECKED on an existing file opens it, applying only the size.
                         let (id, attr, fd) = self.open_entry(&dobj, &c)?;
@@ -1257,14 +1268,14 @@ impl Vfs for LocalFs {
                         let attr = match attrs.size {
                             Some(size) => {
                                 let sa = SetAttrs { size: Some(size), ..Default::default() };
-                                self.setattr(cred, &id, &sa, None)?.after.unwrap_or(attr)
+                                self.setattr(cred, &id, &sa, None).durable()?.after.unwrap_or(attr)
                             }
                             None => attr,
                         };
                         // Another client's create of this name may still be syncing: the
                         // file this reply speaks of must be durable too.
-                        self.commit_dir(cred, &dobj, &dattr, since)?;
-                        Ok(Created { obj: id, attr, dir_wcc: self.unchanged_dir_wcc(&dobj, dattr.fileid)? })
+                        let created = Created { obj: id, attr, dir_wcc: self.unchanged_dir_wcc(&dobj, dattr.fileid)? };
+                        Ok(self.made(created, move || self.commit_dir(cred, &dobj, &dattr, since)))
                     }
                     Err(e) => Err(e),
                 }
@@ -1280,7 +1291,7 @@ impl Vfs for LocalFs {
                         // The verifier lives in atime/mtime until the client's SETATTR.
                         let time = |sec| SetTime::Client(Timespec { sec, nsec: 0 });
                         let verifier = SetAttrs { atime: time(a), mtime: time(m), ..Default::default() };
-                        self.finish_create(cred, (&dobj, &dattr, wcc), since, &c, Some(fd), Some(&verifier))
+                        self.finish_create(cred, (dobj, dattr, wcc), since, &c, Some(fd), Some(&verifier))
                     }
                     Err(VfsError::Exist) => {
                         let (id, attr, fd) = self.open_entry(&dobj, &c)?;
@@ -1292,8 +1303,8 @@ impl Vfs for LocalFs {
                         }
                         // A resend after a restart may find a create whose sync never ended.
                         let obj = self.cache.insert(id, CachedObject::new(fd));
-                        self.commit_created(cred, (&dobj, &dattr, since), (&obj, &attr), true)?;
-                        Ok(Created { obj: id, attr, dir_wcc: self.unchanged_dir_wcc(&dobj, dattr.fileid)? })
+                        let created = Created { obj: id, attr: attr.clone(), dir_wcc: self.unchanged_dir_wcc(&dobj, dattr.fileid)? };
+                        Ok(self.made(created, move || self.commit_created(cred, (&dobj, &dattr, since), (&obj, &attr), true)))
                     }
                     Err(e) => Err(e),
                 }
@@ -1301,7 +1312,7 @@ impl Vfs for LocalFs {
         }
     }
 
-    fn mkdir(&self, cred: &Cred, dir: &ObjectId, name: &[u8], attrs: &SetAttrs) -> VfsResult<Created> {
+    fn mkdir<'a>(&'a self, cred: &'a Cred, dir: &ObjectId, name: &[u8], attrs: &SetAttrs) -> VfsResult<Made<'a, Created>> {
         let _modifying = self.modifying();
         let (dobj, dattr, c) = self.new_entry(cred, dir, name)?;
         let since = self.since(&dobj);
@@ -1310,10 +1321,10 @@ impl Vfs for LocalFs {
             // SAFETY: valid C string and fd.
             sys::check(unsafe { libc::mkdirat(dobj.path_fd.as_raw_fd(), c.as_ptr(), mode) }).map(drop)
         })?;
-        self.finish_create(cred, (&dobj, &dattr, wcc), since, &c, None, Some(attrs))
+        self.finish_create(cred, (dobj, dattr, wcc), since, &c, None, Some(attrs))
     }
 
-    fn symlink(&self, cred: &Cred, dir: &ObjectId, name: &[u8], target: &[u8], attrs: &SetAttrs) -> VfsResult<Created> {
+    fn symlink<'a>(&'a self, cred: &'a Cred, dir: &ObjectId, name: &[u8], target: &[u8], attrs: &SetAttrs) -> VfsResult<Made<'a, Created>> {
         let _modifying = self.modifying();
         let (dobj, dattr, c) = self.new_entry(cred, dir, name)?;
         let since = self.since(&dobj);
@@ -1326,10 +1337,10 @@ impl Vfs for LocalFs {
             sys::check(unsafe { libc::symlinkat(t.as_ptr(), dobj.path_fd.as_raw_fd(), c.as_ptr()) }).map(drop)
         })?;
         let attrs = SetAttrs { mode: None, ..attrs.clone() };
-        self.finish_create(cred, (&dobj, &dattr, wcc), since, &c, None, Some(&attrs))
+        self.finish_create(cred, (dobj, dattr, wcc), since, &c, None, Some(&attrs))
     }
 
-    fn mknod(&self, cred: &Cred, dir: &ObjectId, name: &[u8], node: SpecialNode, attrs: &SetAttrs) -> VfsResult<Created> {
+    fn mknod<'a>(&'a self, cred: &'a Cred, dir: &ObjectId, name: &[u8], node: SpecialNode, attrs: &SetAttrs) -> VfsResult<Made<'a, Created>> {
         let _modifying = self.modifying();
         let (dobj, dattr, c) = self.new_entry(cred, dir, name)?;
         let since = self.since(&dobj);
@@ -1344,10 +1355,10 @@ impl Vfs for LocalFs {
             // SAFETY: valid C string and fd; the kernel enforces CAP_MKNOD for devices.
             sys::check(unsafe { libc::mknodat(dobj.path_fd.as_raw_fd(), c.as_ptr(), kind | perm, dev) }).map(drop)
         })?;
-        self.finish_create(cred, (&dobj, &dattr, wcc), since, &c, None, Some(attrs))
+        self.finish_create(cred, (dobj, dattr, wcc), since, &c, None, Some(attrs))
     }
 
-    fn remove(&self, cred: &Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<Wcc> {
+    fn remove<'a>(&'a self, cred: &'a Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<Made<'a, Wcc>> {
         let _modifying = self.modifying();
         let (dobj, dattr) = self.resolve_dir(cred, dir)?;
         let since = self.since(&dobj);
@@ -1360,11 +1371,10 @@ impl Vfs for LocalFs {
         let doomed = self.hold_name(&dobj, &c);
         let ((), [wcc]) = self.change_entries([(&*dobj, dattr.fileid)], || sys::unlink(&dobj.path_fd, &c, 0))?;
         drop(doomed);
-        self.commit_dir(cred, &dobj, &dattr, since)?;
-        Ok(wcc)
+        Ok(self.made(wcc, move || self.commit_dir(cred, &dobj, &dattr, since)))
     }
 
-    fn rmdir(&self, cred: &Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<Wcc> {
+    fn rmdir<'a>(&'a self, cred: &'a Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<Made<'a, Wcc>> {
         let _modifying = self.modifying();
         let (dobj, dattr) = self.resolve_dir(cred, dir)?;
         let since = self.since(&dobj);
@@ -1374,11 +1384,10 @@ impl Vfs for LocalFs {
         let c = sys::component(name)?;
         self.evict_name(&dobj, &c);
         let ((), [wcc]) = self.change_entries([(&*dobj, dattr.fileid)], || sys::unlink(&dobj.path_fd, &c, libc::AT_REMOVEDIR))?;
-        self.commit_dir(cred, &dobj, &dattr, since)?;
-        Ok(wcc)
+        Ok(self.made(wcc, move || self.commit_dir(cred, &dobj, &dattr, since)))
     }
 
-    fn rename(&self, cred: &Cred, from_dir: &ObjectId, from: &[u8], to_dir: &ObjectId, to: &[u8]) -> VfsResult<(Wcc, Wcc)> {
+    fn rename<'a>(&'a self, cred: &'a Cred, from_dir: &ObjectId, from: &[u8], to_dir: &ObjectId, to: &[u8]) -> VfsResult<Made<'a, (Wcc, Wcc)>> {
         let _modifying = self.modifying();
         let (fobj, fattr) = self.resolve_dir(cred, from_dir)?;
         let (tobj, tattr) = self.resolve_dir(cred, to_dir)?;
@@ -1396,15 +1405,16 @@ impl Vfs for LocalFs {
             sys::check(unsafe { libc::renameat(fobj.path_fd.as_raw_fd(), fc.as_ptr(), tobj.path_fd.as_raw_fd(), tc.as_ptr()) }).map(drop)
         })?;
         drop(replaced);
-        if fattr.fileid == tattr.fileid {
-            self.commit_dir(cred, &tobj, &tattr, tsince)?;
-        } else {
-            self.commit_dirs(cred, &[(&tobj, &tattr, tsince), (&fobj, &fattr, fsince)])?;
-        }
-        Ok((from_wcc, to_wcc))
+        Ok(self.made((from_wcc, to_wcc), move || {
+            if fattr.fileid == tattr.fileid {
+                self.commit_dir(cred, &tobj, &tattr, tsince)
+            } else {
+                self.commit_dirs(cred, &[(&tobj, &tattr, tsince), (&fobj, &fattr, fsince)])
+            }
+        }))
     }
 
-    fn link(&self, cred: &Cred, id: &ObjectId, dir: &ObjectId, name: &[u8]) -> VfsResult<(Attr, Wcc)> {
+    fn link<'a>(&'a self, cred: &'a Cred, id: &ObjectId, dir: &ObjectId, name: &[u8]) -> VfsResult<Made<'a, (Attr, Wcc)>> {
         let _modifying = self.modifying();
         let (obj, attr) = self.resolve(cred, id)?;
         let (dobj, dattr) = self.resolve_dir(cred, dir)?;
@@ -1430,8 +1440,8 @@ impl Vfs for LocalFs {
                 sys::check(unsafe { libc::linkat(libc::AT_FDCWD, src.as_ptr(), dobj.path_fd.as_raw_fd(), c.as_ptr(), libc::AT_SYMLINK_FOLLOW) }).map(drop)
             })
         })?;
-        self.commit_dir(cred, &dobj, &dattr, since)?;
-        Ok((self.stat(&obj)?, wcc))
+        let attr = self.stat(&obj)?;
+        Ok(self.made((attr, wcc), move || self.commit_dir(cred, &dobj, &dattr, since)))
     }
 
     fn readdir(
@@ -1594,6 +1604,14 @@ impl Vfs for LocalFs {
     fn write_verifier(&self) -> [u8; 8] {
         self.verifier.load(Ordering::Relaxed).to_be_bytes()
     }
+
+    fn make_all_durable(&self) -> VfsResult<()> {
+        if !self.sync {
+            return Ok(());
+        }
+        let since = Since { fs: self.fs_group().ticket(), obj: SyncTicket::default() };
+        self.flush_file_system(since)
+    }
 }
 
 impl LocalFs {
@@ -1714,7 +1732,7 @@ mod tests {
     fn no_other_change_falls_between_a_replys_pre_op_and_post_op_directory_attributes() {
         let (_dir, fs) = export();
         let root = Cred::root();
-        let (d, _) = fs.mkdir(&root, &fs.root(), b"d", &SetAttrs::default()).map(|c| (c.obj, c.attr)).expect("mkdir d");
+        let (d, _) = fs.mkdir(&root, &fs.root(), b"d", &SetAttrs::default()).durable().map(|c| (c.obj, c.attr)).expect("mkdir d");
         // Two clients changing one directory at once, every kind of entry change.
         let spans: Vec<(Timespec, Timespec)> = std::thread::scope(|s| {
             let workers: Vec<_> = [b'a', b'b']
@@ -1725,14 +1743,14 @@ mod tests {
                         let mut wccs = Vec::new();
                         for i in 0..200 {
                             let name = |suffix: &str| format!("{}{i}{suffix}", tag as char).into_bytes();
-                            let made = fs.create(&root, &d, &name(""), &CreateHow::Guarded(SetAttrs::default())).expect("create");
+                            let made = fs.create(&root, &d, &name(""), &CreateHow::Guarded(SetAttrs::default())).durable().expect("create");
                             wccs.push(made.dir_wcc);
-                            wccs.push(fs.link(&root, &made.obj, &d, &name(".link")).expect("link").1);
-                            let (from, to) = fs.rename(&root, &d, &name(".link"), &d, &name(".moved")).expect("rename");
+                            wccs.push(fs.link(&root, &made.obj, &d, &name(".link")).durable().expect("link").1);
+                            let (from, to) = fs.rename(&root, &d, &name(".link"), &d, &name(".moved")).durable().expect("rename");
                             wccs.extend([from, to]);
-                            wccs.push(fs.remove(&root, &d, &name(".moved")).expect("remove"));
-                            wccs.push(fs.mkdir(&root, &d, &name(".dir"), &SetAttrs::default()).expect("mkdir").dir_wcc);
-                            wccs.push(fs.rmdir(&root, &d, &name(".dir")).expect("rmdir"));
+                            wccs.push(fs.remove(&root, &d, &name(".moved")).durable().expect("remove"));
+                            wccs.push(fs.mkdir(&root, &d, &name(".dir"), &SetAttrs::default()).durable().expect("mkdir").dir_wcc);
+                            wccs.push(fs.rmdir(&root, &d, &name(".dir")).durable().expect("rmdir"));
                         }
                         wccs
                     })
@@ -1756,7 +1774,7 @@ mod tests {
     fn no_other_change_falls_between_a_setattr_replys_pre_op_and_post_op_attributes() {
         let (_dir, fs) = export();
         let root = Cred::root();
-        let f = fs.create(&root, &fs.root(), b"f", &CreateHow::Guarded(SetAttrs::default())).expect("create").obj;
+        let f = fs.create(&root, &fs.root(), b"f", &CreateHow::Guarded(SetAttrs::default())).durable().expect("create").obj;
         // Two clients changing one file's attributes at once (every chmod changes ctime).
         let spans: std::collections::BTreeSet<(Timespec, Timespec)> = std::thread::scope(|s| {
             let workers: Vec<_> = [0o600, 0o644]
@@ -1766,7 +1784,7 @@ mod tests {
                     s.spawn(move || {
                         (0..300)
                             .map(|_| {
-                                let wcc = fs.setattr(&root, &f, &SetAttrs { mode: Some(mode), ..Default::default() }, None).expect("setattr");
+                                let wcc = fs.setattr(&root, &f, &SetAttrs { mode: Some(mode), ..Default::default() }, None).durable().expect("setattr");
                                 (wcc.after.expect("post-op").ctime, wcc.before.expect("pre-op").ctime)
                             })
                             .collect::<Vec<_>>()
@@ -1784,14 +1802,14 @@ mod tests {
     fn a_long_setattr_of_a_file_does_not_hold_off_entry_changes_of_directories() {
         let (_dir, fs) = export();
         let root = Cred::root();
-        let made = fs.mkdir(&root, &fs.root(), b"d", &SetAttrs::default()).expect("mkdir d");
+        let made = fs.mkdir(&root, &fs.root(), b"d", &SetAttrs::default()).durable().expect("mkdir d");
         // What a SETATTR truncating a large file holds for seconds, for every file that
         // shares this directory's inode number modulo the lock count.
         let truncating = fs.attr_locks[entry_lock_slot(made.attr.fileid)].lock();
         let (done_tx, done) = std::sync::mpsc::channel();
         let created = std::thread::scope(|s| {
             s.spawn(|| {
-                let created = fs.create(&root, &made.obj, b"f", &CreateHow::Guarded(SetAttrs::default())).map(drop);
+                let created = fs.create(&root, &made.obj, b"f", &CreateHow::Guarded(SetAttrs::default())).durable().map(drop);
                 done_tx.send(created).expect("send");
             });
             let created = done.recv_timeout(std::time::Duration::from_secs(10));
@@ -1874,11 +1892,11 @@ mod tests {
         };
         let mut created = 0;
         for _ in 0..20_000 {
-            if let Ok(c) = fs.create(&cred, &root, b"x", &CreateHow::Guarded(SetAttrs::default())) {
+            if let Ok(c) = fs.create(&cred, &root, b"x", &CreateHow::Guarded(SetAttrs::default())).durable() {
                 created += 1;
                 assert_eq!(c.attr.size, 0, "a create answered with the file renamed over its name");
             }
-            let _ = fs.remove(&cred, &root, b"x");
+            let _ = fs.remove(&cred, &root, b"x").durable();
         }
         stop.store(true, Ordering::Relaxed);
         let renames = renamer.join().expect("renamer");
@@ -2044,7 +2062,7 @@ mod tests {
         let (dir, fs) = export();
         let (root, cred, cookie) = (fs.root(), Cred::root(), ten_of_a_hundred_listed(dir.path(), &fs));
         let attr = fs.getattr(&cred, &root).expect("getattr");
-        fs.create(&cred, &root, b"new", &CreateHow::Guarded(SetAttrs::default())).expect("create");
+        fs.create(&cred, &root, b"new", &CreateHow::Guarded(SetAttrs::default())).durable().expect("create");
         // As if the directory's times had not moved (one coarse tick): the count alone
         // must tell that the buffer no longer shows the directory.
         let times = (attr.ctime, attr.mtime);

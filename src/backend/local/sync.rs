@@ -38,7 +38,7 @@ struct State {
 /// finished then. Every sync after it may have written the change, and the kernel
 /// reports a writeback error once, to whichever sync comes first; so a failure of any of
 /// them is the change's failure, even if the sync that finally covers it succeeds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
 pub struct SyncTicket(u64);
 
 /// Who hears of a failed sync: every caller whose change was made before it ended

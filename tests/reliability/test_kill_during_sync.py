@@ -1,0 +1,132 @@
+"""A server killed while it makes a namespace change durable.
+
+A CREATE, REMOVE, RENAME or MKDIR spends most of its time in the directory's (or the file
+system's) sync, after the change is made and before its reply exists. A kill then leaves
+the change made (in the kernel's page cache) and the client without a reply; the client
+sends the call again, same XID, to the restarted server. Run again, the change would
+answer EEXIST or ENOENT for what it did itself. nasd puts the reply aside before the sync
+(the duplicate request journal), and the new process, having made every change durable,
+answers the retransmission with it.
+
+To hold a call inside its sync, the export is a file system on a loop device whose image
+lives on a second file system, which the test freezes: the change itself goes to the page
+cache, the sync's writes wait for the thaw.
+
+    tmpfs ── backing.img (ext4, loop) ── export.img (ext4, loop) ── export
+
+    python3 -m pytest -s tests/reliability/test_kill_during_sync.py
+"""
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from rig.nasd import Nasd
+from rig import rpc
+from rig.rpc import Nfs3Client, auth_sys, frame, nfs3_args, decode_result, NFS_PROG
+
+MiB = 1 << 20
+ROOT = auth_sys(0, 0, machine="kill-during-sync")
+
+
+def run(*cmd):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture(params=[False, True], ids=["no-journal", "journal"])
+def freezable_export(tmp_path, request):
+    """(export directory, the file system to freeze to hold the export's syncs)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs, loop devices and to freeze a file system")
+    for tool in ("losetup", "mkfs.ext4", "mount", "umount", "fsfreeze"):
+        if not shutil.which(tool):
+            pytest.skip(f"needs {tool}")
+    tmpfs, backing, export = tmp_path / "tmpfs", tmp_path / "backing", tmp_path / "export"
+    for d in (tmpfs, backing, export):
+        d.mkdir()
+    # Taken down in reverse: each loop device holds the file system its image is on.
+    undo = []
+    try:
+        run("mount", "-t", "tmpfs", "-o", "size=80m", "tmpfs", str(tmpfs))
+        undo.append(["umount", str(tmpfs)])
+        (tmpfs / "backing.img").write_bytes(b"")
+        os.truncate(tmpfs / "backing.img", 64 * MiB)
+        run("mkfs.ext4", "-q", "-E", "nodiscard", str(tmpfs / "backing.img"))
+        loop = run("losetup", "-f", "--show", str(tmpfs / "backing.img"))
+        undo.append(["losetup", "-d", loop])
+        run("mount", loop, str(backing))
+        undo.append(["umount", str(backing)])
+        image = backing / "export.img"
+        image.write_bytes(b"")
+        os.truncate(image, 32 * MiB)
+        journal = ["-J", "size=4"] if request.param else ["-O", "^has_journal"]
+        run("mkfs.ext4", "-q", *journal, "-E", "nodiscard", str(image))
+        loop = run("losetup", "-f", "--show", str(image))
+        undo.append(["losetup", "-d", loop])
+        # noatime: with a journal, an atime update of the test's own listing would wait
+        # for the commit the frozen file system holds up.
+        run("mount", "-o", "noatime", loop, str(export))
+        undo.append(["umount", str(export)])
+        yield export, backing
+    finally:
+        subprocess.run(["fsfreeze", "--unfreeze", str(backing)], capture_output=True)
+        for cmd in reversed(undo):
+            subprocess.run(cmd, capture_output=True)
+
+
+def wait_for(check, what, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("what", ["create", "remove", "rename", "mkdir"])
+def test_a_change_whose_server_died_in_its_sync_is_answered_not_run_again(freezable_export, tmp_path, what):
+    export, backing = freezable_export
+    (export / "n").write_bytes(b"x")
+    os.sync()
+    changed = {
+        "create": lambda names: "new" in names,
+        "remove": lambda names: "n" not in names,
+        "rename": lambda names: "m" in names and "n" not in names,
+        "mkdir": lambda names: "dir" in names,
+    }[what]
+    with Nasd(export, args=["--no-root-squash"], state_dir=tmp_path / "state") as srv:
+        with Nfs3Client(srv.host, srv.port, cred=ROOT) as c1:
+            root = c1.root(srv.export_dir)
+            proc, args = {
+                "create": (rpc.NFSPROC3_CREATE, nfs3_args.create(root, "new", "guarded")),
+                "remove": (rpc.NFSPROC3_REMOVE, nfs3_args.diropargs(root, "n")),
+                "rename": (rpc.NFSPROC3_RENAME, nfs3_args.rename(root, "n", root, "m")),
+                "mkdir": (rpc.NFSPROC3_MKDIR, nfs3_args.mkdir(root, "dir")),
+            }[what]
+            xid, msg = c1.build(NFS_PROG, 3, proc, args)
+            run("fsfreeze", "--freeze", str(backing))
+            try:
+                c1.send_raw(frame(msg))
+                wait_for(lambda: changed(os.listdir(export)), "the change to be made")
+                # The reply is put aside right after the change; the sync that follows
+                # cannot end while the backing file system is frozen.
+                time.sleep(0.5)
+                with pytest.raises(OSError):
+                    c1.recv_reply(timeout=0.5)
+                srv.kill(signal.SIGKILL, wait=False)
+            finally:
+                run("fsfreeze", "--unfreeze", str(backing))
+            srv.kill()  # waits: the thread in the sync dies once it returns
+        after = sorted(os.listdir(export))
+        srv.start()
+        with Nfs3Client(srv.host, srv.port, cred=ROOT) as c2:
+            again = decode_result(proc, c2.resend(msg, xid))
+            assert again.ok, f"the retransmission ran the {what} again: status {again.status}"
+            assert sorted(os.listdir(export)) == after
+            if what in ("create", "mkdir"):
+                name = "new" if what == "create" else "dir"
+                assert again.fh == c2.lookup(c2.root(srv.export_dir), name).fh
+            # A new call (new XID) runs, and finds the change made.
+            assert c2.nfs(proc, args).status != rpc.NFS3_OK
+        assert "replies put aside by the last process" in srv.log()
