@@ -245,12 +245,7 @@ def test_drc_retransmit_after_a_server_kill_gets_the_first_reply(tmp_path, what)
     with Nasd(export, args=["--no-root-squash"]) as srv:
         with Nfs3Client(srv.host, srv.port, cred=ROOT) as c1:
             root = c1.root(srv.export_dir)
-            proc, args = {
-                "create": (rpc.NFSPROC3_CREATE, nfs3_args.create(root, "new", "guarded")),
-                "remove": (rpc.NFSPROC3_REMOVE, nfs3_args.diropargs(root, "n")),
-                "rename": (rpc.NFSPROC3_RENAME, nfs3_args.rename(root, "n", root, "m")),
-                "mkdir": (rpc.NFSPROC3_MKDIR, nfs3_args.mkdir(root, "dir")),
-            }[what]
+            proc, args = nfs3_args.namespace_change(root, what)
             xid, msg = c1.build(NFS_PROG, 3, proc, args)
             first = c1.resend(msg, xid)
             assert decode_result(proc, first).ok

@@ -98,12 +98,7 @@ def test_a_change_whose_server_died_in_its_sync_is_answered_not_run_again(freeza
     with Nasd(export, args=["--no-root-squash"], state_dir=tmp_path / "state") as srv:
         with Nfs3Client(srv.host, srv.port, cred=ROOT) as c1:
             root = c1.root(srv.export_dir)
-            proc, args = {
-                "create": (rpc.NFSPROC3_CREATE, nfs3_args.create(root, "new", "guarded")),
-                "remove": (rpc.NFSPROC3_REMOVE, nfs3_args.diropargs(root, "n")),
-                "rename": (rpc.NFSPROC3_RENAME, nfs3_args.rename(root, "n", root, "m")),
-                "mkdir": (rpc.NFSPROC3_MKDIR, nfs3_args.mkdir(root, "dir")),
-            }[what]
+            proc, args = nfs3_args.namespace_change(root, what)
             xid, msg = c1.build(NFS_PROG, 3, proc, args)
             run("fsfreeze", "--freeze", str(backing))
             try:

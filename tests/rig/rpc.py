@@ -577,6 +577,18 @@ class nfs3_args:
     def commit(fh, offset=0, count=0) -> bytes:
         return Packer().opaque(fh).u64(offset).u32(count).bytes()
 
+    @staticmethod
+    def namespace_change(dirfh, what: str) -> tuple[int, bytes]:
+        """(procedure, arguments) of the namespace change ``what`` in directory
+        ``dirfh``, as the retransmission tests send them: "create" (GUARDED) of "new",
+        "remove" of "n", "rename" of "n" to "m", "mkdir" of "dir"."""
+        return {
+            "create": (NFSPROC3_CREATE, nfs3_args.create(dirfh, "new", "guarded")),
+            "remove": (NFSPROC3_REMOVE, nfs3_args.diropargs(dirfh, "n")),
+            "rename": (NFSPROC3_RENAME, nfs3_args.rename(dirfh, "n", dirfh, "m")),
+            "mkdir": (NFSPROC3_MKDIR, nfs3_args.mkdir(dirfh, "dir")),
+        }[what]
+
 
 @dataclass
 class NfsResult:
