@@ -20,7 +20,7 @@ import os
 import shutil
 import signal
 import subprocess
-import time
+import threading
 
 import pytest
 
@@ -34,6 +34,11 @@ ROOT = auth_sys(0, 0, machine="kill-during-sync")
 
 def run(*cmd):
     return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def unfreeze(fs):
+    """Thaws `fs` if it is frozen (and says nothing if it was not)."""
+    subprocess.run(["fsfreeze", "--unfreeze", str(fs)], capture_output=True)
 
 
 @pytest.fixture(params=[False, True], ids=["no-journal", "journal"])
@@ -72,47 +77,61 @@ def freezable_export(tmp_path, request):
         undo.append(["umount", str(export)])
         yield export, backing
     finally:
-        subprocess.run(["fsfreeze", "--unfreeze", str(backing)], capture_output=True)
+        unfreeze(backing)
         for cmd in reversed(undo):
             subprocess.run(cmd, capture_output=True)
 
 
-def wait_for(check, what, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
+# What each change leaves on the export once made.
+MADE = {
+    "create": lambda export: (export / "new").exists(),
+    "remove": lambda export: not (export / "n").exists(),
+    "rename": lambda export: (export / "m").exists() and not (export / "n").exists(),
+    "mkdir": lambda export: (export / "dir").is_dir(),
+    "link": lambda export: (export / "l").exists(),
+    "rmdir": lambda export: not (export / "d").exists(),
+    "symlink": lambda export: (export / "s").is_symlink(),
+    "setattr": lambda export: (export / "n").stat().st_mode & 0o777 == 0o600,
+}
 
 
-@pytest.mark.parametrize("what", ["create", "remove", "rename", "mkdir"])
+@pytest.mark.parametrize("what", list(MADE))
 def test_a_change_whose_server_died_in_its_sync_is_answered_not_run_again(freezable_export, tmp_path, what):
+    """Run again, each would fail: CREATE (GUARDED), MKDIR, LINK and SYMLINK with
+    EXIST, REMOVE, RMDIR and RENAME with NOENT, a SETATTR guarded by the ctime the
+    change itself moved with NOT_SYNC."""
     export, backing = freezable_export
     (export / "n").write_bytes(b"x")
+    (export / "d").mkdir()
     os.sync()
-    changed = {
-        "create": lambda names: "new" in names,
-        "remove": lambda names: "n" not in names,
-        "rename": lambda names: "m" in names and "n" not in names,
-        "mkdir": lambda names: "dir" in names,
-    }[what]
     with Nasd(export, args=["--no-root-squash"], state_dir=tmp_path / "state") as srv:
         with Nfs3Client(srv.host, srv.port, cred=ROOT) as c1:
             root = c1.root(srv.export_dir)
-            proc, args = nfs3_args.namespace_change(root, what)
+            n = c1.lookup(root, "n")
+            if what == "setattr":
+                proc, args = rpc.NFSPROC3_SETATTR, nfs3_args.setattr(n.fh, guard=n.attr.ctime, mode=0o600)
+            else:
+                proc, args = nfs3_args.namespace_change(root, what, n.fh)
             xid, msg = c1.build(NFS_PROG, 3, proc, args)
             run("fsfreeze", "--freeze", str(backing))
+            # Nothing here may look at the export while the freeze lasts: a lookup can
+            # wait for a directory block the held-up sync is writing. A timer thaws it
+            # in any case, so that a failure cannot hang the machine's writeback.
+            thaw = threading.Timer(60, unfreeze, (backing,))
+            thaw.start()
             try:
                 c1.send_raw(frame(msg))
-                wait_for(lambda: changed(os.listdir(export)), "the change to be made")
-                # The reply is put aside right after the change; the sync that follows
-                # cannot end while the backing file system is frozen.
-                time.sleep(0.5)
+                # The change takes microseconds and its reply is put aside right after
+                # it; the sync that follows cannot end while the backing file system is
+                # frozen, so no reply comes.
                 with pytest.raises(OSError):
-                    c1.recv_reply(timeout=0.5)
+                    c1.recv_reply(timeout=1.5)
                 srv.kill(signal.SIGKILL, wait=False)
             finally:
-                run("fsfreeze", "--unfreeze", str(backing))
+                thaw.cancel()
+                unfreeze(backing)
             srv.kill()  # waits: the thread in the sync dies once it returns
+        assert MADE[what](export), f"the {what} was not made before the kill"
         after = sorted(os.listdir(export))
         srv.start()
         with Nfs3Client(srv.host, srv.port, cred=ROOT) as c2:
@@ -124,4 +143,5 @@ def test_a_change_whose_server_died_in_its_sync_is_answered_not_run_again(freeza
                 assert again.fh == c2.lookup(c2.root(srv.export_dir), name).fh
             # A new call (new XID) runs, and finds the change made.
             assert c2.nfs(proc, args).status != rpc.NFS3_OK
+        # The reply answered was the one put aside before the sync, made good at start.
         assert "replies put aside by the last process" in srv.log()

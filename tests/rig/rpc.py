@@ -554,8 +554,12 @@ class nfs3_args:
         return Packer().opaque(fh).u64(offset).u32(count).bytes()
 
     @staticmethod
-    def setattr(fh, **attrs) -> bytes:
-        return Packer().opaque(fh).raw(nfs3_args.sattr(**attrs)).bool(False).bytes()
+    def setattr(fh, guard=None, **attrs) -> bytes:
+        """``guard``: the ctime (seconds, nanoseconds) the object must still have."""
+        p = Packer().opaque(fh).raw(nfs3_args.sattr(**attrs)).bool(guard is not None)
+        if guard is not None:
+            p.u32(guard[0]).u32(guard[1])
+        return p.bytes()
 
     @staticmethod
     def rename(fromdir, fromname, todir, toname) -> bytes:
@@ -578,16 +582,20 @@ class nfs3_args:
         return Packer().opaque(fh).u64(offset).u32(count).bytes()
 
     @staticmethod
-    def namespace_change(dirfh, what: str) -> tuple[int, bytes]:
+    def namespace_change(dirfh, what: str, n_fh: bytes = b"") -> tuple[int, bytes]:
         """(procedure, arguments) of the namespace change ``what`` in directory
         ``dirfh``, as the retransmission tests send them: "create" (GUARDED) of "new",
-        "remove" of "n", "rename" of "n" to "m", "mkdir" of "dir"."""
+        "remove" of "n", "rename" of "n" to "m", "mkdir" of "dir"; with ``n_fh``, the
+        handle of "n", also "link" of it as "l"; "rmdir" of "d", "symlink" "s"."""
         return {
-            "create": (NFSPROC3_CREATE, nfs3_args.create(dirfh, "new", "guarded")),
-            "remove": (NFSPROC3_REMOVE, nfs3_args.diropargs(dirfh, "n")),
-            "rename": (NFSPROC3_RENAME, nfs3_args.rename(dirfh, "n", dirfh, "m")),
-            "mkdir": (NFSPROC3_MKDIR, nfs3_args.mkdir(dirfh, "dir")),
-        }[what]
+            "create": lambda: (NFSPROC3_CREATE, nfs3_args.create(dirfh, "new", "guarded")),
+            "remove": lambda: (NFSPROC3_REMOVE, nfs3_args.diropargs(dirfh, "n")),
+            "rename": lambda: (NFSPROC3_RENAME, nfs3_args.rename(dirfh, "n", dirfh, "m")),
+            "mkdir": lambda: (NFSPROC3_MKDIR, nfs3_args.mkdir(dirfh, "dir")),
+            "link": lambda: (NFSPROC3_LINK, nfs3_args.link(n_fh, dirfh, "l")),
+            "rmdir": lambda: (NFSPROC3_RMDIR, nfs3_args.diropargs(dirfh, "d")),
+            "symlink": lambda: (NFSPROC3_SYMLINK, nfs3_args.symlink(dirfh, "s", "n")),
+        }[what]()
 
 
 @dataclass
