@@ -172,9 +172,11 @@ fn setattr(
     out: &mut XdrWriter,
 ) -> ProcResult {
     let adm = admit_write(state, ctx, fh, WCC)?;
-    let made = adm.rt.vfs.setattr(&adm.cred, &adm.obj, attrs, guard).map_err(fail_on(&[&adm], WCC))?;
+    let objects = [&adm];
+    let failed = fail_on(&objects, WCC);
+    let made = adm.rt.vfs.setattr(&adm.cred, &adm.obj, attrs, guard).map_err(&failed)?;
     put_wcc(out, &made.result);
-    settle(ctx, out, made).map_err(fail_on(&[&adm], WCC))?;
+    settle(ctx, out, made).map_err(failed)?;
     Ok(())
 }
 
@@ -287,7 +289,7 @@ fn write(
 /// that reply aside for a retransmission to a server restarted meanwhile
 /// ([`CallContext::reply_before_durable`]). On failure the caller's error reply replaces it.
 fn settle<T>(ctx: &CallContext, out: &XdrWriter, made: Made<'_, T>) -> crate::vfs::VfsResult<T> {
-    if !made.is_durable() {
+    if made.is_pending() {
         ctx.reply_before_durable(out);
     }
     made.durable()
@@ -302,12 +304,14 @@ fn create_like(
 ) -> ProcResult {
     let adm = admit_write(state, ctx, at.dir, WCC)?;
     check_name(at.name, WCC)?;
-    let made = op(&adm, at.name).map_err(fail_on(&[&adm], WCC))?;
+    let objects = [&adm];
+    let failed = fail_on(&objects, WCC);
+    let made = op(&adm, at.name).map_err(&failed)?;
     let c = &made.result;
     put_post_op_fh(out, Some(&state.file_handle(&adm.rt, &c.obj)));
     put_post_op_attr(out, Some(&c.attr));
     put_wcc(out, &c.dir_wcc);
-    settle(ctx, out, made).map_err(fail_on(&[&adm], WCC))?;
+    settle(ctx, out, made).map_err(failed)?;
     Ok(())
 }
 
@@ -315,9 +319,11 @@ fn remove_like(state: &ServerState, ctx: &CallContext, at: &DirOp<'_>, out: &mut
     let adm = admit_write(state, ctx, at.dir, WCC)?;
     check_name(at.name, WCC)?;
     let made = if dir { adm.rt.vfs.rmdir(&adm.cred, &adm.obj, at.name) } else { adm.rt.vfs.remove(&adm.cred, &adm.obj, at.name) };
-    let made = made.map_err(fail_on(&[&adm], WCC))?;
+    let objects = [&adm];
+    let failed = fail_on(&objects, WCC);
+    let made = made.map_err(&failed)?;
     put_wcc(out, &made.result);
-    settle(ctx, out, made).map_err(fail_on(&[&adm], WCC))?;
+    settle(ctx, out, made).map_err(failed)?;
     Ok(())
 }
 
@@ -329,11 +335,13 @@ fn rename(state: &ServerState, ctx: &CallContext, from: &DirOp<'_>, to: &DirOp<'
     if src.rt.export.id != dst.rt.export.id {
         return Err(fail(TWO_WCC)(VfsError::XDev));
     }
-    let made = src.rt.vfs.rename(&src.cred, &src.obj, from.name, &dst.obj, to.name).map_err(fail_on(&[&src, &dst], TWO_WCC))?;
+    let objects = [&src, &dst];
+    let failed = fail_on(&objects, TWO_WCC);
+    let made = src.rt.vfs.rename(&src.cred, &src.obj, from.name, &dst.obj, to.name).map_err(&failed)?;
     let (a, b) = &made.result;
     put_wcc(out, a);
     put_wcc(out, b);
-    settle(ctx, out, made).map_err(fail_on(&[&src, &dst], TWO_WCC))?;
+    settle(ctx, out, made).map_err(failed)?;
     Ok(())
 }
 
@@ -344,11 +352,13 @@ fn link(state: &ServerState, ctx: &CallContext, fh: &[u8], to: &DirOp<'_>, out: 
     if file.rt.export.id != dir.rt.export.id {
         return Err(fail(ATTR_WCC)(VfsError::XDev));
     }
-    let made = file.rt.vfs.link(&file.cred, &file.obj, &dir.obj, to.name).map_err(fail_on(&[&file, &dir], ATTR_WCC))?;
+    let objects = [&file, &dir];
+    let failed = fail_on(&objects, ATTR_WCC);
+    let made = file.rt.vfs.link(&file.cred, &file.obj, &dir.obj, to.name).map_err(&failed)?;
     let (attr, wcc) = &made.result;
     put_post_op_attr(out, Some(attr));
     put_wcc(out, wcc);
-    settle(ctx, out, made).map_err(fail_on(&[&file, &dir], ATTR_WCC))?;
+    settle(ctx, out, made).map_err(failed)?;
     Ok(())
 }
 

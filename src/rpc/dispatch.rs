@@ -43,11 +43,11 @@ impl Dispatcher {
     }
 
     /// Keeps the replies the programs name across restarts, in the journal at `path`
-    /// (replacing the cache, so before any call is served). `settle` makes every change
-    /// durable, for replies an earlier process wrote before their change was
+    /// (replacing the cache, so before any call is served). `make_all_durable` makes every
+    /// change durable, for replies an earlier process wrote before their change was
     /// ([`DuplicateRequestCache::with_journal`]).
-    pub fn with_drc_journal(mut self, path: &std::path::Path, settle: impl FnOnce() -> bool) -> std::io::Result<Self> {
-        self.drc = DuplicateRequestCache::with_journal(self.drc.capacity(), path, settle)?;
+    pub fn with_drc_journal(mut self, path: &std::path::Path, make_all_durable: impl FnOnce() -> bool) -> std::io::Result<Self> {
+        self.drc = DuplicateRequestCache::with_journal(self.drc.capacity(), path, make_all_durable)?;
         Ok(self)
     }
 

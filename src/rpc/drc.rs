@@ -238,14 +238,25 @@ impl Journal {
         self.next.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn write(&self, seq: u64, key: &DrcKey, reply: &[u8], kept: Kept) {
-        let Some(slot) = self.encode(seq, key, reply, kept) else { return };
+    /// Writes the reply to its slot; false if it does not fit one.
+    fn write(&self, seq: u64, key: &DrcKey, reply: &[u8], kept: Kept) -> bool {
+        let Some(slot) = self.encode(seq, key, reply, kept) else { return false };
         self.write_slot(seq, &slot);
+        true
     }
 
-    /// Empties the slot of a reply put aside for a call that then gave none.
+    /// Whether the slot of `seq` is still its own: a call whose sync lasted while as many
+    /// replies as there are slots were written has lost it to a newer reply.
+    fn still_holds(&self, seq: u64) -> bool {
+        self.next.load(Ordering::Relaxed) - seq <= self.slots
+    }
+
+    /// Empties the slot of a reply put aside for a call that then gave none (or one that
+    /// does not fit), unless a newer reply has taken it since.
     fn clear(&self, seq: u64) {
-        self.write_slot(seq, &[0; SLOT]);
+        if self.still_holds(seq) {
+            self.write_slot(seq, &[0; SLOT]);
+        }
     }
 
     fn write_slot(&self, seq: u64, slot: &[u8]) {
@@ -327,17 +338,20 @@ impl DuplicateRequestCache {
     /// A cache that keeps the replies `complete` is asked to keep in the journal at
     /// `path`, starting with those a previous process left there. Replies written before
     /// their change was durable are taken only from a process of this boot, and only if
-    /// `settle` (called once, if there are any) makes every change durable and says so.
-    pub fn with_journal(capacity: usize, path: &Path, settle: impl FnOnce() -> bool) -> std::io::Result<Self> {
-        Self::with_journal_of_boot(capacity, path, kernel_boot(), settle)
+    /// `make_all_durable` (called once, if there are any) makes every change durable and
+    /// says so.
+    pub fn with_journal(capacity: usize, path: &Path, make_all_durable: impl FnOnce() -> bool) -> std::io::Result<Self> {
+        Self::with_journal_of_boot(capacity, path, kernel_boot(), make_all_durable)
     }
 
-    fn with_journal_of_boot(capacity: usize, path: &Path, boot: Option<[u8; 16]>, settle: impl FnOnce() -> bool) -> std::io::Result<Self> {
+    fn with_journal_of_boot(capacity: usize, path: &Path, boot: Option<[u8; 16]>, make_all_durable: impl FnOnce() -> bool) -> std::io::Result<Self> {
         let (journal, found) = Journal::open(path, capacity, boot)?;
         let unsettled = found.iter().filter(|f| f.kept == Kept::Made && f.this_boot).count();
-        let settled = unsettled > 0 && settle();
-        if unsettled > 0 {
-            tracing::info!(replies = unsettled, settled, "replies put aside by the last process before their changes were durable");
+        let settled = unsettled > 0 && make_all_durable();
+        if settled {
+            tracing::info!(replies = unsettled, "replies put aside by an earlier process before their changes were durable: made durable, kept");
+        } else if unsettled > 0 {
+            tracing::warn!(replies = unsettled, "replies put aside by an earlier process before their changes were durable: the changes could not be made durable, dropped");
         }
         let mut cache = Self::new(capacity);
         {
@@ -428,7 +442,13 @@ impl DuplicateRequestCache {
         if let Some(journal) = &self.journal {
             let kept_at = self.kept_at(key);
             if keep && reply.file.is_none() {
-                journal.write(kept_at.unwrap_or_else(|| journal.take_seq()), key, &reply.bytes, Kept::Durable);
+                // The slot the reply was put aside in, unless a newer reply has it now.
+                let seq = kept_at.filter(|&seq| journal.still_holds(seq)).unwrap_or_else(|| journal.take_seq());
+                if !journal.write(seq, key, &reply.bytes, Kept::Durable) {
+                    if let Some(seq) = kept_at {
+                        journal.clear(seq);
+                    }
+                }
             } else if let Some(seq) = kept_at {
                 journal.clear(seq);
             }
@@ -718,5 +738,52 @@ mod tests {
         let drc = DuplicateRequestCache::with_journal_of_boot(2, &path, BOOT, || panic!("nothing to settle")).unwrap();
         assert_eq!(drc.begin(&failed), Lookup::Replay(reply(vec![5; 30])));
         assert_eq!(drc.begin(&abandoned), Lookup::New);
+    }
+
+    #[test]
+    fn a_call_whose_sync_outlasts_the_journal_does_not_overwrite_newer_replies() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal");
+        let slow = key(1, b"slow create");
+        {
+            let drc = DuplicateRequestCache::with_journal_of_boot(2, &path, BOOT, || true).unwrap();
+            assert_eq!(drc.begin(&slow), Lookup::New);
+            drc.keep_before_durable(&slow, &[1; 40]);
+            // Meanwhile two other calls complete: the second takes the slow call's slot.
+            completed(&drc, &key(2, b"a"), vec![2; 40], true);
+            completed(&drc, &key(3, b"b"), vec![3; 40], true);
+            drc.complete(&slow, reply(vec![9; 40]), true);
+        }
+        let drc = DuplicateRequestCache::with_journal_of_boot(2, &path, BOOT, || panic!("nothing to settle")).unwrap();
+        assert_eq!(drc.begin(&slow), Lookup::Replay(reply(vec![9; 40])), "its final reply took a slot of its own");
+        assert_eq!(drc.begin(&key(3, b"b")), Lookup::Replay(reply(vec![3; 40])), "the newer reply in its old slot survived");
+        drop(drc);
+        // Abandoned that late, it clears nothing of anyone else's.
+        let drc = DuplicateRequestCache::with_journal_of_boot(2, &path, BOOT, || true).unwrap();
+        let late = key(4, b"late");
+        assert_eq!(drc.begin(&late), Lookup::New);
+        drc.keep_before_durable(&late, &[4; 40]);
+        completed(&drc, &key(5, b"c"), vec![5; 40], true);
+        completed(&drc, &key(6, b"d"), vec![6; 40], true);
+        drc.abandon(&late);
+        drop(drc);
+        let drc = DuplicateRequestCache::with_journal_of_boot(2, &path, BOOT, || true).unwrap();
+        assert_eq!(drc.begin(&key(6, b"d")), Lookup::Replay(reply(vec![6; 40])));
+        assert_eq!(drc.begin(&key(5, b"c")), Lookup::Replay(reply(vec![5; 40])));
+    }
+
+    #[test]
+    fn a_final_reply_too_big_for_a_slot_leaves_no_reply_put_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal");
+        let k = key(1, b"setattr");
+        {
+            let drc = DuplicateRequestCache::with_journal_of_boot(4, &path, BOOT, || true).unwrap();
+            assert_eq!(drc.begin(&k), Lookup::New);
+            drc.keep_before_durable(&k, &[1; 40]);
+            drc.complete(&k, reply(vec![2; SLOT]), true);
+        }
+        let drc = DuplicateRequestCache::with_journal_of_boot(4, &path, BOOT, || panic!("nothing to settle")).unwrap();
+        assert_eq!(drc.begin(&k), Lookup::New);
     }
 }

@@ -169,16 +169,20 @@ pub fn begin_record(capacity: usize) -> XdrWriter {
 /// part, if any, left out).
 pub fn framed_copy(w: &XdrWriter) -> Vec<u8> {
     let mut bytes = w.as_slice().to_vec();
-    let len = (bytes.len() - 4) as u32;
-    bytes[..4].copy_from_slice(&(LAST_FRAGMENT | len).to_be_bytes());
+    let mark = record_mark(bytes.len());
+    bytes[..4].copy_from_slice(&mark.to_be_bytes());
     bytes
+}
+
+/// The mark of a record sent as one last fragment, `framed_len` bytes with the mark.
+fn record_mark(framed_len: usize) -> u32 {
+    LAST_FRAGMENT | (framed_len - 4) as u32
 }
 
 /// Fills in the record mark of a buffer started with [`begin_record`], as a single
 /// last fragment (covering a file opaque at its end too).
 pub fn finish_record(mut w: XdrWriter) -> Reply {
-    let len = (w.wire_len() - 4) as u32;
-    w.patch_u32(0, LAST_FRAGMENT | len);
+    w.patch_u32(0, record_mark(w.wire_len()));
     let (bytes, file) = w.into_parts();
     Reply { bytes, file }
 }

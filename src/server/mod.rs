@@ -329,13 +329,18 @@ impl ExportReloader {
 /// Makes every change to the exports durable, those of a killed earlier process
 /// included; false if any could not be.
 fn make_exports_durable(state: &ServerState) -> bool {
-    state.exports().iter().all(|rt| match rt.vfs.make_all_durable() {
+    let exports_durable = state.exports().iter().all(|rt| match rt.vfs.make_all_durable() {
         Ok(()) => true,
         Err(e) => {
             tracing::warn!(export = %rt.export.path.display(), error = ?e, "could not make the export's changes durable at start");
             false
         }
-    })
+    });
+    // An export the earlier process served may be gone from the table now; sync(2)
+    // reaches its file system too (it reports no errors: the exports' own syncs do).
+    // SAFETY: no arguments, no memory shared.
+    unsafe { libc::sync() };
+    exports_durable
 }
 
 /// Open objects and connections each hold descriptors; ask for as many as allowed.

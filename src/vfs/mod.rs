@@ -285,8 +285,9 @@ impl<'a, T> Made<'a, T> {
         Self { result, pending: Some(Box::new(make_durable)) }
     }
 
-    pub fn is_durable(&self) -> bool {
-        self.pending.is_none()
+    /// Whether something remains to be done to make the change durable.
+    pub fn is_pending(&self) -> bool {
+        self.pending.is_some()
     }
 
     /// Waits until the change is durable: its result, or why it may not be.
@@ -300,7 +301,7 @@ impl<'a, T> Made<'a, T> {
 
 impl<T: std::fmt::Debug> std::fmt::Debug for Made<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Made").field("result", &self.result).field("durable", &self.is_durable()).finish()
+        f.debug_struct("Made").field("result", &self.result).field("pending", &self.is_pending()).finish()
     }
 }
 
@@ -375,8 +376,8 @@ pub trait Vfs: Send + Sync {
     /// Changes on every server start, and whenever the backend can no longer vouch for
     /// UNSTABLE writes it acknowledged (a failed sync), so clients resend uncommitted writes.
     fn write_verifier(&self) -> [u8; 8];
-    /// Makes every change made so far durable, an earlier server process's included: a
-    /// new process does this before it answers from replies an old one put aside while
-    /// their changes were still being made durable.
+    /// Makes every change made so far durable, an earlier server process's included,
+    /// whatever the export's options: a new process does this before it answers from
+    /// replies an old one put aside while their changes were still being made durable.
     fn make_all_durable(&self) -> VfsResult<()>;
 }

@@ -64,8 +64,9 @@ pub struct LocalConfig {
 
 /// Modifying calls begun and finished so far: work done ahead of a call (entries of a
 /// listing looked at before it was asked for) is used only if no modifying call was
-/// running when the work began and none has begun since. Finishing is not enough to
-/// count: a call makes its change before it makes it durable and returns.
+/// running when the work began and none has begun since. A call counts as begun before
+/// its change and as finished once the change is made, when its method returns the
+/// change (`Made`), whose sync may still be running: the sync alters no entry.
 #[derive(Debug, Clone, Default)]
 pub struct ChangeCount(Arc<ChangeCounters>);
 
@@ -1606,9 +1607,8 @@ impl Vfs for LocalFs {
     }
 
     fn make_all_durable(&self) -> VfsResult<()> {
-        if !self.sync {
-            return Ok(());
-        }
+        // Also in an `async` export: the process that put a reply aside may have served
+        // it with `sync`.
         let since = Since { fs: self.fs_group().ticket(), obj: SyncTicket::default() };
         self.flush_file_system(since)
     }
