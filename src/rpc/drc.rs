@@ -92,6 +92,10 @@ const MAGIC: [u8; 4] = *b"NDJ2";
 /// magic, sequence, boot, state, address, XID, program, version, procedure, argument
 /// length and checksum, reply length, then the slot's own checksum.
 const HEADER: usize = 4 + 8 + 16 + 1 + 16 + 4 * 4 + 8 + 16 + 2 + 8;
+/// Slots of the first layout (nasd before replies were put aside ahead of their sync):
+/// no boot or state, every reply written once its change was durable.
+const MAGIC_V1: [u8; 4] = *b"NDJ1";
+const HEADER_V1: usize = HEADER - 16 - 1;
 const KERNEL_BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 
 /// How far a kept reply's change had got when the reply was written.
@@ -172,12 +176,17 @@ impl Journal {
     }
 
     fn decode(&self, slot: &[u8]) -> Option<Found> {
-        if slot.len() != SLOT || slot[..4] != MAGIC {
+        if slot.len() != SLOT {
             return None;
         }
-        let len = u16::from_be_bytes([slot[HEADER - 10], slot[HEADER - 9]]) as usize;
-        let sum_at = HEADER - 8;
-        if len > SLOT - HEADER || slot[sum_at..HEADER] != Self::checksum(&slot[..HEADER + len], sum_at) {
+        let (header, v1) = match <[u8; 4]>::try_from(&slot[..4]).expect("4 bytes") {
+            MAGIC => (HEADER, false),
+            MAGIC_V1 => (HEADER_V1, true),
+            _ => return None,
+        };
+        let len = u16::from_be_bytes([slot[header - 10], slot[header - 9]]) as usize;
+        let sum_at = header - 8;
+        if len > SLOT - header || slot[sum_at..header] != Self::checksum(&slot[..header + len], sum_at) {
             return None;
         }
         let mut at = 4;
@@ -188,11 +197,16 @@ impl Journal {
         let word = |b: &[u8]| u32::from_be_bytes(b.try_into().expect("4 bytes"));
         let long = |b: &[u8]| u64::from_be_bytes(b.try_into().expect("8 bytes"));
         let seq = long(take(8));
-        let boot: [u8; 16] = take(16).try_into().expect("16 bytes");
-        let kept = match take(1)[0] {
-            1 => Kept::Made,
-            2 => Kept::Durable,
-            _ => return None,
+        let (boot, kept) = if v1 {
+            (None, Kept::Durable)
+        } else {
+            let boot: [u8; 16] = take(16).try_into().expect("16 bytes");
+            let kept = match take(1)[0] {
+                1 => Kept::Made,
+                2 => Kept::Durable,
+                _ => return None,
+            };
+            (Some(boot), kept)
         };
         let ip = Ipv6Addr::from(<[u8; 16]>::try_from(take(16)).expect("16 bytes"));
         let client = ip.to_ipv4_mapped().map_or(IpAddr::V6(ip), IpAddr::V4);
@@ -205,8 +219,8 @@ impl Journal {
             args_len: usize::try_from(long(take(8))).ok()?,
             args_sum: take(16).try_into().expect("16 bytes"),
         };
-        let this_boot = self.boot == Some(boot);
-        Some(Found { seq, key, reply: slot[HEADER..HEADER + len].to_vec(), kept, this_boot })
+        let this_boot = boot.is_some() && self.boot == boot;
+        Some(Found { seq, key, reply: slot[header..header + len].to_vec(), kept, this_boot })
     }
 
     /// Opens (or makes, mode 0600) the journal at `path` with `slots` slots, and returns
@@ -785,5 +799,39 @@ mod tests {
         }
         let drc = DuplicateRequestCache::with_journal_of_boot(4, &path, BOOT, || panic!("nothing to settle")).unwrap();
         assert_eq!(drc.begin(&k), Lookup::New);
+    }
+
+    #[test]
+    fn replies_in_slots_of_the_first_layout_are_replayed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal");
+        let k = DrcKey::new("192.0.2.7".parse().unwrap(), 77, 100003, 3, 8, b"create");
+        // A slot as nasd wrote it before the boot and state fields.
+        let mut slot = Vec::new();
+        slot.extend_from_slice(&MAGIC_V1);
+        slot.extend_from_slice(&5u64.to_be_bytes());
+        slot.extend_from_slice(&"192.0.2.7".parse::<std::net::Ipv4Addr>().unwrap().to_ipv6_mapped().octets());
+        for word in [77u32, 100003, 3, 8] {
+            slot.extend_from_slice(&word.to_be_bytes());
+        }
+        slot.extend_from_slice(&(b"create".len() as u64).to_be_bytes());
+        slot.extend_from_slice(&k.args_sum);
+        slot.extend_from_slice(&3u16.to_be_bytes());
+        let sum_at = slot.len();
+        slot.extend_from_slice(&[0; 8]);
+        assert_eq!(slot.len(), HEADER_V1);
+        slot.extend_from_slice(&[7, 8, 9]);
+        let sum = Journal::checksum(&slot, sum_at);
+        slot[sum_at..sum_at + 8].copy_from_slice(&sum);
+        slot.resize(SLOT, 0);
+        std::fs::write(&path, &slot).unwrap();
+        let drc = DuplicateRequestCache::with_journal_of_boot(4, &path, BOOT, || panic!("nothing to settle")).unwrap();
+        assert_eq!(drc.begin(&k), Lookup::Replay(reply(vec![7, 8, 9])));
+        // New replies go on from its sequence number, without overwriting it.
+        completed(&drc, &key(1, b"a"), vec![1; 10], true);
+        drop(drc);
+        let drc = DuplicateRequestCache::with_journal_of_boot(4, &path, BOOT, || true).unwrap();
+        assert_eq!(drc.begin(&k), Lookup::Replay(reply(vec![7, 8, 9])));
+        assert_eq!(drc.begin(&key(1, b"a")), Lookup::Replay(reply(vec![1; 10])));
     }
 }
