@@ -626,8 +626,7 @@ mod tests {
 
     #[test]
     fn a_new_cache_on_the_same_journal_replays_the_kept_replies_only() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("journal");
+        let (_dir, path) = scratch_journal();
         let v6 = DrcKey::new("2001:db8::7".parse().unwrap(), 9, 100003, 3, 14, b"rename");
         {
             let drc = DuplicateRequestCache::with_journal(8, &path, || true).unwrap();
@@ -647,8 +646,7 @@ mod tests {
 
     #[test]
     fn the_journal_keeps_the_newest_replies_and_skips_a_damaged_slot() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("journal");
+        let (_dir, path) = scratch_journal();
         {
             let drc = DuplicateRequestCache::with_journal(4, &path, || true).unwrap();
             for x in 0..10 {
@@ -678,6 +676,13 @@ mod tests {
         assert_eq!(drc.begin(&key(9, b"a")), Lookup::Replay(reply(vec![9; 50])));
     }
 
+    /// A journal path in a directory of its own, removed when the directory is dropped.
+    fn scratch_journal() -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal");
+        (dir, path)
+    }
+
     const BOOT: Option<[u8; 16]> = Some([1; 16]);
     const NEXT_BOOT: Option<[u8; 16]> = Some([2; 16]);
 
@@ -691,8 +696,7 @@ mod tests {
 
     #[test]
     fn a_reply_put_aside_before_its_change_was_durable_is_replayed_after_settling_in_the_same_boot() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("journal");
+        let (_dir, path) = scratch_journal();
         let k = key(1, b"create");
         killed_during_the_sync(&path, BOOT, &k, &[7; 200]);
         let mut settles = 0;
@@ -711,8 +715,7 @@ mod tests {
 
     #[test]
     fn a_reply_put_aside_before_its_change_was_durable_is_dropped_unless_settled_in_the_same_boot() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("journal");
+        let (_dir, path) = scratch_journal();
         let (made, durable) = (key(1, b"remove"), key(2, b"mkdir"));
         {
             let drc = DuplicateRequestCache::with_journal_of_boot(8, &path, BOOT, || true).unwrap();
@@ -736,8 +739,7 @@ mod tests {
 
     #[test]
     fn the_final_reply_replaces_the_one_put_aside_and_an_abandoned_call_leaves_none() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("journal");
+        let (_dir, path) = scratch_journal();
         let (failed, abandoned) = (key(1, b"rename"), key(2, b"link"));
         {
             let drc = DuplicateRequestCache::with_journal_of_boot(2, &path, BOOT, || true).unwrap();
@@ -756,8 +758,7 @@ mod tests {
 
     #[test]
     fn a_call_whose_sync_outlasts_the_journal_does_not_overwrite_newer_replies() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("journal");
+        let (_dir, path) = scratch_journal();
         let slow = key(1, b"slow create");
         {
             let drc = DuplicateRequestCache::with_journal_of_boot(2, &path, BOOT, || true).unwrap();
@@ -788,8 +789,7 @@ mod tests {
 
     #[test]
     fn a_final_reply_too_big_for_a_slot_leaves_no_reply_put_aside() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("journal");
+        let (_dir, path) = scratch_journal();
         let k = key(1, b"setattr");
         {
             let drc = DuplicateRequestCache::with_journal_of_boot(4, &path, BOOT, || true).unwrap();
@@ -803,8 +803,7 @@ mod tests {
 
     #[test]
     fn replies_in_slots_of_the_first_layout_are_replayed() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("journal");
+        let (_dir, path) = scratch_journal();
         let k = DrcKey::new("192.0.2.7".parse().unwrap(), 77, 100003, 3, 8, b"create");
         // A slot as nasd wrote it before the boot and state fields.
         let mut slot = Vec::new();
