@@ -290,6 +290,12 @@ impl<'a, T> Made<'a, T> {
         self.pending.is_some()
     }
 
+    /// The result now, and what remains to make the change durable, for a change that
+    /// is part of a larger one whose own sync must also wait for it.
+    pub fn split(self) -> (T, Made<'a, ()>) {
+        (self.result, Made { result: (), pending: self.pending })
+    }
+
     /// Waits until the change is durable: its result, or why it may not be.
     pub fn durable(self) -> VfsResult<T> {
         if let Some(make_durable) = self.pending {

@@ -109,6 +109,9 @@ MADE = {
     "rmdir": lambda export: not (export / "d").exists(),
     "symlink": lambda export: (export / "s").is_symlink(),
     "setattr": lambda export: (export / "n").stat().st_mode & 0o777 == 0o600,
+    # UNCHECKED on the existing "n", truncating it: its truncation's sync, too, comes
+    # after the reply is put aside.
+    "create-truncating": lambda export: (export / "n").stat().st_size == 0,
 }
 
 
@@ -116,7 +119,8 @@ MADE = {
 def test_a_change_whose_server_died_in_its_sync_is_answered_not_run_again(freezable_export, tmp_path, what):
     """Run again, each would fail: CREATE (GUARDED), MKDIR, LINK and SYMLINK with
     EXIST, REMOVE, RMDIR and RENAME with NOENT, a SETATTR guarded by the ctime the
-    change itself moved with NOT_SYNC."""
+    change itself moved with NOT_SYNC. An UNCHECKED CREATE truncating a file would
+    succeed again, but only the reply put aside before its sync shows it was made."""
     export, backing = freezable_export
     (export / "n").write_bytes(b"x")
     (export / "d").mkdir()
@@ -127,6 +131,8 @@ def test_a_change_whose_server_died_in_its_sync_is_answered_not_run_again(freeza
             n = c1.lookup(root, "n")
             if what == "setattr":
                 proc, args = rpc.NFSPROC3_SETATTR, nfs3_args.setattr(n.fh, guard=n.attr.ctime, mode=0o600)
+            elif what == "create-truncating":
+                proc, args = rpc.NFSPROC3_CREATE, nfs3_args.create(root, "n", "unchecked", size=0)
             else:
                 proc, args = nfs3_args.namespace_change(root, what, n.fh)
             xid, msg = c1.build(NFS_PROG, 3, proc, args)
@@ -162,7 +168,10 @@ def test_a_change_whose_server_died_in_its_sync_is_answered_not_run_again(freeza
             if what in ("create", "mkdir"):
                 name = "new" if what == "create" else "dir"
                 assert again.fh == c2.lookup(c2.root(srv.export_dir), name).fh
-            # A new call (new XID) runs, and finds the change made.
-            assert c2.nfs(proc, args).status != rpc.NFS3_OK
+            if what == "create-truncating":
+                assert again.fh == n.fh and again.attr.size == 0
+            else:
+                # A new call (new XID) runs, and finds the change made.
+                assert c2.nfs(proc, args).status != rpc.NFS3_OK
         # The reply answered was the one put aside before the sync, made good at start.
         assert "made durable, kept" in srv.log()

@@ -1266,17 +1266,23 @@ impl Vfs for LocalFs {
                             return Err(VfsError::Exist);
                         }
                         self.cache.insert(id, CachedObject::new(fd));
-                        let attr = match attrs.size {
+                        // The truncation is made now and made durable with the rest, so
+                        // that the reply is put aside before any sync, as for any change.
+                        let (attr, truncation) = match attrs.size {
                             Some(size) => {
                                 let sa = SetAttrs { size: Some(size), ..Default::default() };
-                                self.setattr(cred, &id, &sa, None).durable()?.after.unwrap_or(attr)
+                                let (wcc, truncation) = self.setattr(cred, &id, &sa, None)?.split();
+                                (wcc.after.unwrap_or(attr), truncation)
                             }
-                            None => attr,
+                            None => (attr, Made::durable_already(())),
                         };
                         // Another client's create of this name may still be syncing: the
                         // file this reply speaks of must be durable too.
                         let created = Created { obj: id, attr, dir_wcc: self.unchanged_dir_wcc(&dobj, dattr.fileid)? };
-                        Ok(self.made(created, move || self.commit_dir(cred, &dobj, &dattr, since)))
+                        Ok(self.made(created, move || {
+                            truncation.durable()?;
+                            self.commit_dir(cred, &dobj, &dattr, since)
+                        }))
                     }
                     Err(e) => Err(e),
                 }
