@@ -48,6 +48,10 @@ pub struct Limits {
     /// slots, its replies not taken or its request not arriving (see `server::stalls`;
     /// 0: never, leaving such connections to the write timeout).
     pub stall_timeout_secs: u64,
+    /// At start, after an earlier process was killed while changes it had answered were
+    /// becoming durable: how long to wait for the file systems' sync before serving
+    /// anyway, dropping those answers (their calls then run again when resent).
+    pub start_sync_timeout_secs: u64,
 }
 
 impl Default for Config {
@@ -78,6 +82,7 @@ impl Default for Limits {
             idle_timeout_secs: 360,
             write_timeout_secs: 60,
             stall_timeout_secs: 5,
+            start_sync_timeout_secs: 60,
         }
     }
 }
@@ -103,6 +108,7 @@ impl Limits {
             ("drc_entries", self.drc_entries as u64),
             ("idle_timeout_secs", self.idle_timeout_secs),
             ("write_timeout_secs", self.write_timeout_secs),
+            ("start_sync_timeout_secs", self.start_sync_timeout_secs),
         ] {
             if value == 0 {
                 return Err(format!("{name} = 0 is refused: it must be at least 1"));

@@ -159,7 +159,9 @@ impl Server {
         ];
         let shared = Arc::new(Shared {
             dispatcher: Dispatcher::new(programs, config.limits.drc_entries, metrics.clone())
-                .with_drc_journal(&state_dir.join(DRC_JOURNAL), || make_exports_durable(&state))
+                .with_drc_journal(&state_dir.join(DRC_JOURNAL), || {
+                    make_exports_durable(&state, std::time::Duration::from_secs(config.limits.start_sync_timeout_secs))
+                })
                 .with_context(|| format!("duplicate request journal in {}", state_dir.display()))?,
             metrics,
             limits: config.limits.clone(),
@@ -327,8 +329,28 @@ impl ExportReloader {
 }
 
 /// Makes every change to the exports durable, those of a killed earlier process
-/// included; false if any could not be.
-fn make_exports_durable(state: &ServerState) -> bool {
+/// included; false if any could not be, or not `within` that time. A file system whose
+/// writeback hangs (a dead device or remote server, a file system frozen for a snapshot,
+/// this export's or any other `sync(2)` reaches) would otherwise keep the server from
+/// ever serving; past the bound it serves, and the earlier process's replies put aside
+/// are dropped, so their calls run again when resent. The sync goes on in the kernel.
+fn make_exports_durable(state: &Arc<ServerState>, within: std::time::Duration) -> bool {
+    let (done, outcome) = std::sync::mpsc::channel();
+    let state = state.clone();
+    let started = std::thread::Builder::new().name("nasd-start-sync".into()).spawn(move || {
+        let _ = done.send(sync_exports_and_others(&state));
+    });
+    if let Err(e) = started {
+        tracing::warn!(error = %e, "no thread to make the exports durable at start");
+        return false;
+    }
+    outcome.recv_timeout(within).unwrap_or_else(|_| {
+        tracing::warn!(seconds = within.as_secs(), "the exports' file systems (or others sync(2) reaches) did not finish syncing at start: serving without waiting longer");
+        false
+    })
+}
+
+fn sync_exports_and_others(state: &ServerState) -> bool {
     let exports_durable = state.exports().iter().all(|rt| match rt.vfs.make_all_durable() {
         Ok(()) => true,
         Err(e) => {

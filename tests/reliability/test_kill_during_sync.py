@@ -99,6 +99,33 @@ def freezable_export(tmp_path, request):
             subprocess.run(cmd, capture_output=True)
 
 
+def kill_during_the_sync(srv, client, msg, backing, state_dir):
+    """Sends the call `msg` with the backing file system frozen, waits until nasd has put
+    its reply aside, SIGKILLs nasd, thaws, and waits for the process to be gone."""
+    run("fsfreeze", "--freeze", str(backing))
+    # Nothing here may look at the export while the freeze lasts: a lookup can wait for
+    # a directory block the held-up sync is writing. A timer thaws it in any case, so
+    # that a failure cannot hang the machine's writeback.
+    thaw = threading.Timer(60, unfreeze, (backing,))
+    thaw.start()
+    try:
+        client.send_raw(frame(msg))
+        # The reply is put aside right after the change (the state directory is not on
+        # the frozen file system); the sync that follows cannot end while the backing
+        # file system is frozen, so no reply comes.
+        deadline = time.monotonic() + 30
+        while not reply_put_aside(state_dir):
+            assert time.monotonic() < deadline, "no reply was put aside"
+            time.sleep(0.02)
+        with pytest.raises(OSError):
+            client.recv_reply(timeout=0.2)
+        srv.kill(signal.SIGKILL, wait=False)
+    finally:
+        thaw.cancel()
+        unfreeze(backing)
+    srv.kill()  # waits: the thread in the sync dies once it returns
+
+
 # What each change leaves on the export once made.
 MADE = {
     "create": lambda export: (export / "new").exists(),
@@ -136,28 +163,7 @@ def test_a_change_whose_server_died_in_its_sync_is_answered_not_run_again(freeza
             else:
                 proc, args = nfs3_args.namespace_change(root, what, n.fh)
             xid, msg = c1.build(NFS_PROG, 3, proc, args)
-            run("fsfreeze", "--freeze", str(backing))
-            # Nothing here may look at the export while the freeze lasts: a lookup can
-            # wait for a directory block the held-up sync is writing. A timer thaws it
-            # in any case, so that a failure cannot hang the machine's writeback.
-            thaw = threading.Timer(60, unfreeze, (backing,))
-            thaw.start()
-            try:
-                c1.send_raw(frame(msg))
-                # The reply is put aside right after the change (the state directory is
-                # not on the frozen file system); the sync that follows cannot end
-                # while the backing file system is frozen, so no reply comes.
-                deadline = time.monotonic() + 30
-                while not reply_put_aside(tmp_path / "state"):
-                    assert time.monotonic() < deadline, "no reply was put aside"
-                    time.sleep(0.02)
-                with pytest.raises(OSError):
-                    c1.recv_reply(timeout=0.2)
-                srv.kill(signal.SIGKILL, wait=False)
-            finally:
-                thaw.cancel()
-                unfreeze(backing)
-            srv.kill()  # waits: the thread in the sync dies once it returns
+            kill_during_the_sync(srv, c1, msg, backing, tmp_path / "state")
         assert MADE[what](export), f"the {what} was not made before the kill"
         after = sorted(os.listdir(export))
         srv.start()
@@ -175,3 +181,43 @@ def test_a_change_whose_server_died_in_its_sync_is_answered_not_run_again(freeza
                 assert c2.nfs(proc, args).status != rpc.NFS3_OK
         # The reply answered was the one put aside before the sync, made good at start.
         assert "made durable, kept" in srv.log()
+
+
+def test_a_start_whose_sync_hangs_serves_anyway_and_runs_the_call_again(freezable_export, tmp_path):
+    """The start after such a kill syncs every export (and `sync(2)`) before it serves.
+    Where a file system's writeback hangs (here: the export's, whose image lies on a
+    frozen file system; elsewhere a dead device, a remote server gone, a freeze for a
+    snapshot), nasd must not wait forever: past `start_sync_timeout_secs` it serves, and
+    drops the reply put aside, whose change it could not make durable, so the resent
+    call runs again."""
+    export, backing = freezable_export
+    (export / "n").write_bytes(b"x")
+    os.sync()
+    config = tmp_path / "nasd.toml"
+    config.write_text("[limits]\nstart_sync_timeout_secs = 2\n")
+    with Nasd(export, args=["--no-root-squash", "--config", str(config)], state_dir=tmp_path / "state") as srv:
+        with Nfs3Client(srv.host, srv.port, cred=ROOT) as c1:
+            root = c1.root(srv.export_dir)
+            proc, args = nfs3_args.namespace_change(root, "remove")
+            xid, msg = c1.build(NFS_PROG, 3, proc, args)
+            kill_during_the_sync(srv, c1, msg, backing, tmp_path / "state")
+        # Something for the start's sync to write that cannot be written until the thaw.
+        (export / "dirty").write_bytes(b"d" * MiB)
+        run("fsfreeze", "--freeze", str(backing))
+        thaw = threading.Timer(60, unfreeze, (backing,))
+        thaw.start()
+        try:
+            begun = time.monotonic()
+            srv.start()  # the port is open before the sync: what counts is an answer
+            with Nfs3Client(srv.host, srv.port, cred=ROOT, timeout=30) as c2:
+                assert c2.call(NFS_PROG, 3, rpc.NFSPROC3_NULL).success
+                waited = time.monotonic() - begun
+        finally:
+            thaw.cancel()
+            unfreeze(backing)
+        assert waited < 2 + 15, f"the first answer came {waited:.1f} s after the start"
+        assert "did not finish syncing at start" in srv.log()
+        assert "could not be made durable, dropped" in srv.log()
+        with Nfs3Client(srv.host, srv.port, cred=ROOT) as c3:
+            again = decode_result(proc, c3.resend(msg, xid))
+            assert again.status == rpc.NFS3ERR_NOENT, "the reply of a change not made durable was replayed"
