@@ -151,7 +151,15 @@ mod tests {
 
     #[test]
     fn limits_that_would_stop_the_server_are_refused_and_zero_timeouts_that_mean_never_are_not() {
-        for name in ["max_connections", "max_requests_per_connection", "max_requests_in_flight", "drc_entries", "idle_timeout_secs", "write_timeout_secs"] {
+        for name in [
+            "max_connections",
+            "max_requests_per_connection",
+            "max_requests_in_flight",
+            "drc_entries",
+            "idle_timeout_secs",
+            "write_timeout_secs",
+            "start_sync_timeout_secs",
+        ] {
             let config = Config::from_toml(&format!("[limits]\n{name} = 0\n")).expect("parses");
             let refused = config.limits.check().expect_err(name);
             assert!(refused.starts_with(&format!("{name} = 0")), "{refused}");
