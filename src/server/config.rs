@@ -50,7 +50,8 @@ pub struct Limits {
     pub stall_timeout_secs: u64,
     /// At start, after an earlier process was killed while changes it had answered were
     /// becoming durable: how long to wait for the file systems' sync before serving
-    /// anyway, dropping those answers (their calls then run again when resent).
+    /// anyway. Answers whose exports were not made durable by then are dropped (their
+    /// calls run again when resent).
     pub start_sync_timeout_secs: u64,
 }
 

@@ -330,39 +330,61 @@ impl ExportReloader {
 
 /// Makes every change to the exports durable, those of a killed earlier process
 /// included; false if any could not be, or not `within` that time. A file system whose
-/// writeback hangs (a dead device or remote server, a file system frozen for a snapshot,
-/// this export's or any other `sync(2)` reaches) would otherwise keep the server from
-/// ever serving; past the bound it serves, and the earlier process's replies put aside
-/// are dropped, so their calls run again when resent. The sync goes on in the kernel.
+/// writeback hangs (a dead device or remote server, a file system frozen for a snapshot)
+/// would otherwise keep the server from ever serving. Past the bound it serves; if the
+/// exports themselves were not made durable by then, the earlier process's replies put
+/// aside are dropped, so their calls run again when resent. The sync goes on in the
+/// kernel.
 fn make_exports_durable(state: &Arc<ServerState>, within: std::time::Duration) -> bool {
+    use std::sync::mpsc::RecvTimeoutError;
+    let deadline = std::time::Instant::now() + within;
     let (done, outcome) = std::sync::mpsc::channel();
     let state = state.clone();
     let started = std::thread::Builder::new().name("nasd-start-sync".into()).spawn(move || {
-        let _ = done.send(sync_exports_and_others(&state));
+        let _ = done.send(exports_durable(&state));
+        // An export the earlier process served may be gone from the table now; sync(2)
+        // reaches its file system too (it reports no errors: the exports' own syncs do).
+        // SAFETY: no arguments, no memory shared.
+        unsafe { libc::sync() };
+        let _ = done.send(true);
     });
     if let Err(e) = started {
         tracing::warn!(error = %e, "no thread to make the exports durable at start");
         return false;
     }
-    outcome.recv_timeout(within).unwrap_or_else(|_| {
-        tracing::warn!(seconds = within.as_secs(), "the exports' file systems (or others sync(2) reaches) did not finish syncing at start: serving without waiting longer");
-        false
-    })
+    let wait = || outcome.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()));
+    match wait() {
+        Ok(true) => {}
+        Ok(false) => return false,
+        Err(RecvTimeoutError::Timeout) => {
+            tracing::warn!(seconds = within.as_secs(), "the exports' file systems did not finish syncing at start: serving without waiting longer");
+            return false;
+        }
+        Err(RecvTimeoutError::Disconnected) => {
+            tracing::error!("making the exports durable at start failed (the thread doing it panicked)");
+            return false;
+        }
+    }
+    // The exports are durable; what sync(2) covers besides is only what an earlier process
+    // may have served from exports since taken out of the table. A hung file system
+    // elsewhere on the machine must not cost the exports' clients their replies.
+    if wait().is_err() {
+        tracing::warn!(
+            seconds = within.as_secs(),
+            "file systems other than the exports did not finish syncing at start (sync(2)); the exports are durable, their replies are kept"
+        );
+    }
+    true
 }
 
-fn sync_exports_and_others(state: &ServerState) -> bool {
-    let exports_durable = state.exports().iter().all(|rt| match rt.vfs.make_all_durable() {
+fn exports_durable(state: &ServerState) -> bool {
+    state.exports().iter().all(|rt| match rt.vfs.make_all_durable() {
         Ok(()) => true,
         Err(e) => {
             tracing::warn!(export = %rt.export.path.display(), error = ?e, "could not make the export's changes durable at start");
             false
         }
-    });
-    // An export the earlier process served may be gone from the table now; sync(2)
-    // reaches its file system too (it reports no errors: the exports' own syncs do).
-    // SAFETY: no arguments, no memory shared.
-    unsafe { libc::sync() };
-    exports_durable
+    })
 }
 
 /// Open objects and connections each hold descriptors; ask for as many as allowed.

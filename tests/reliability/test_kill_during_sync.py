@@ -16,6 +16,7 @@ cache, the sync's writes wait for the thaw.
 
     python3 -m pytest -s tests/reliability/test_kill_during_sync.py
 """
+import contextlib
 import os
 import shutil
 import signal
@@ -57,17 +58,13 @@ def unfreeze(fs):
     subprocess.run(["fsfreeze", "--unfreeze", str(fs)], capture_output=True)
 
 
-@pytest.fixture(params=[False, True], ids=["ext4-nojournal", "ext4-journal"])
-def freezable_export(tmp_path, request):
-    """(export directory, the file system to freeze to hold the export's syncs)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a tmpfs, loop devices and to freeze a file system")
-    for tool in ("losetup", "mkfs.ext4", "mount", "umount", "fsfreeze"):
-        if not shutil.which(tool):
-            pytest.skip(f"needs {tool}")
-    tmpfs, backing, export = tmp_path / "tmpfs", tmp_path / "backing", tmp_path / "export"
+@contextlib.contextmanager
+def nested_file_system(root, journal: bool):
+    """A tmpfs holding an ext4 image (the backing file system) holding a second ext4
+    image, mounted at root/export: yields (root/export, root/backing)."""
+    tmpfs, backing, export = root / "tmpfs", root / "backing", root / "export"
     for d in (tmpfs, backing, export):
-        d.mkdir()
+        d.mkdir(parents=True)
     # Taken down in reverse: each loop device holds the file system its image is on.
     undo = []
     try:
@@ -83,9 +80,9 @@ def freezable_export(tmp_path, request):
         image = backing / "export.img"
         image.write_bytes(b"")
         os.truncate(image, 32 * MiB)
-        journal = ["-J", "size=4"] if request.param else ["-O", "^has_journal"]
+        journal_opts = ["-J", "size=4"] if journal else ["-O", "^has_journal"]
         # 256-byte inodes keep ctime to the nanosecond, which the guarded SETATTR needs.
-        run("mkfs.ext4", "-q", "-I", "256", *journal, "-E", "nodiscard", str(image))
+        run("mkfs.ext4", "-q", "-I", "256", *journal_opts, "-E", "nodiscard", str(image))
         loop = run("losetup", "-f", "--show", str(image))
         undo.append(["losetup", "-d", loop])
         # noatime: with a journal, an atime update of the test's own listing would wait
@@ -97,6 +94,22 @@ def freezable_export(tmp_path, request):
         unfreeze(backing)
         for cmd in reversed(undo):
             subprocess.run(cmd, capture_output=True)
+
+
+def needs_root_and_tools():
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs, loop devices and to freeze a file system")
+    for tool in ("losetup", "mkfs.ext4", "mount", "umount", "fsfreeze"):
+        if not shutil.which(tool):
+            pytest.skip(f"needs {tool}")
+
+
+@pytest.fixture(params=[False, True], ids=["ext4-nojournal", "ext4-journal"])
+def freezable_export(tmp_path, request):
+    """(export directory, the file system to freeze to hold the export's syncs)."""
+    needs_root_and_tools()
+    with nested_file_system(tmp_path / "stack", request.param) as stack:
+        yield stack
 
 
 def kill_during_the_sync(srv, client, msg, backing, state_dir):
@@ -166,6 +179,8 @@ def test_a_change_whose_server_died_in_its_sync_is_answered_not_run_again(freeza
             kill_during_the_sync(srv, c1, msg, backing, tmp_path / "state")
         assert MADE[what](export), f"the {what} was not made before the kill"
         after = sorted(os.listdir(export))
+        truncated_ns = os.stat(export / "n").st_ctime_ns if what == "create-truncating" else None
+        truncated = divmod(truncated_ns, 10**9) if truncated_ns is not None else None
         srv.start()
         with Nfs3Client(srv.host, srv.port, cred=ROOT) as c2:
             again = decode_result(proc, c2.resend(msg, xid))
@@ -175,7 +190,10 @@ def test_a_change_whose_server_died_in_its_sync_is_answered_not_run_again(freeza
                 name = "new" if what == "create" else "dir"
                 assert again.fh == c2.lookup(c2.root(srv.export_dir), name).fh
             if what == "create-truncating":
+                # A rerun would truncate again and move the ctime; the reply put aside
+                # carries the ctime of the truncation made before the kill.
                 assert again.fh == n.fh and again.attr.size == 0
+                assert (again.attr.ctime, os.stat(export / "n").st_ctime_ns) == (truncated, truncated_ns), "the truncating create ran again"
             else:
                 # A new call (new XID) runs, and finds the change made.
                 assert c2.nfs(proc, args).status != rpc.NFS3_OK
@@ -215,9 +233,46 @@ def test_a_start_whose_sync_hangs_serves_anyway_and_runs_the_call_again(freezabl
         finally:
             thaw.cancel()
             unfreeze(backing)
-        assert waited < 2 + 15, f"the first answer came {waited:.1f} s after the start"
-        assert "did not finish syncing at start" in srv.log()
+        assert 2 <= waited < 2 + 15, f"the first answer came {waited:.1f} s after the start"
+        assert "the exports' file systems did not finish syncing at start" in srv.log()
         assert "could not be made durable, dropped" in srv.log()
         with Nfs3Client(srv.host, srv.port, cred=ROOT) as c3:
             again = decode_result(proc, c3.resend(msg, xid))
             assert again.status == rpc.NFS3ERR_NOENT, "the reply of a change not made durable was replayed"
+
+
+def test_a_hung_file_system_that_is_not_exported_does_not_cost_the_replies(tmp_path):
+    """The start also runs `sync(2)`, for file systems the earlier process may have
+    served from exports since taken out. One that hangs elsewhere on the machine (here
+    a second stack whose backing file system is frozen with data still to write) must
+    neither keep nasd from serving nor drop replies whose exports are durable."""
+    needs_root_and_tools()
+    config = tmp_path / "nasd.toml"
+    config.write_text("[limits]\nstart_sync_timeout_secs = 2\n")
+    with nested_file_system(tmp_path / "exported", False) as (export, backing), \
+            nested_file_system(tmp_path / "elsewhere", False) as (elsewhere, elsewhere_backing):
+        (export / "n").write_bytes(b"x")
+        os.sync()
+        with Nasd(export, args=["--no-root-squash", "--config", str(config)], state_dir=tmp_path / "state") as srv:
+            with Nfs3Client(srv.host, srv.port, cred=ROOT) as c1:
+                root = c1.root(srv.export_dir)
+                proc, args = nfs3_args.namespace_change(root, "remove")
+                xid, msg = c1.build(NFS_PROG, 3, proc, args)
+                kill_during_the_sync(srv, c1, msg, backing, tmp_path / "state")
+            (elsewhere / "dirty").write_bytes(b"d" * MiB)
+            run("fsfreeze", "--freeze", str(elsewhere_backing))
+            thaw = threading.Timer(60, unfreeze, (elsewhere_backing,))
+            thaw.start()
+            try:
+                begun = time.monotonic()
+                srv.start()
+                with Nfs3Client(srv.host, srv.port, cred=ROOT, timeout=30) as c2:
+                    again = decode_result(proc, c2.resend(msg, xid))
+                    waited = time.monotonic() - begun
+            finally:
+                thaw.cancel()
+                unfreeze(elsewhere_backing)
+            assert again.ok, f"the resent REMOVE ran again: status {again.status}"
+            assert 2 <= waited < 2 + 15, f"the answer came {waited:.1f} s after the start"
+            assert "file systems other than the exports did not finish syncing at start" in srv.log()
+            assert "made durable, kept" in srv.log()
