@@ -201,6 +201,45 @@ def test_a_change_whose_server_died_in_its_sync_is_answered_not_run_again(freeza
         assert "made durable, kept" in srv.log()
 
 
+# The start's sync bound (`start_sync_timeout_secs`) in the tests below.
+BOUND = 2
+
+
+@contextlib.contextmanager
+def remove_killed_in_its_sync(export, backing, tmp_path):
+    """nasd, with a start sync bound of BOUND seconds, killed in the sync of a REMOVE of
+    "n": yields (srv, proc, xid, msg) with nasd stopped."""
+    (export / "n").write_bytes(b"x")
+    os.sync()
+    config = tmp_path / "nasd.toml"
+    config.write_text(f"[limits]\nstart_sync_timeout_secs = {BOUND}\n")
+    with Nasd(export, args=["--no-root-squash", "--config", str(config)], state_dir=tmp_path / "state") as srv:
+        with Nfs3Client(srv.host, srv.port, cred=ROOT) as c1:
+            proc, args = nfs3_args.namespace_change(c1.root(srv.export_dir), "remove")
+            xid, msg = c1.build(NFS_PROG, 3, proc, args)
+            kill_during_the_sync(srv, c1, msg, backing, tmp_path / "state")
+        yield srv, proc, xid, msg
+
+
+def restart_with_writeback_held(srv, dirty_dir, backing, ask):
+    """Leaves a megabyte to write in `dirty_dir`, freezes `backing` (which the file
+    system of `dirty_dir` writes to), restarts nasd and returns (ask(client), seconds
+    from the start until it answered). Thaws whatever happens."""
+    (dirty_dir / "dirty").write_bytes(b"d" * MiB)
+    run("fsfreeze", "--freeze", str(backing))
+    thaw = threading.Timer(60, unfreeze, (backing,))
+    thaw.start()
+    try:
+        begun = time.monotonic()
+        srv.start()  # the port is open before the sync: what counts is an answer
+        with Nfs3Client(srv.host, srv.port, cred=ROOT, timeout=30) as c:
+            answer = ask(c)
+            return answer, time.monotonic() - begun
+    finally:
+        thaw.cancel()
+        unfreeze(backing)
+
+
 def test_a_start_whose_sync_hangs_serves_anyway_and_runs_the_call_again(freezable_export, tmp_path):
     """The start after such a kill syncs every export (and `sync(2)`) before it serves.
     Where a file system's writeback hangs (here: the export's, whose image lies on a
@@ -209,35 +248,14 @@ def test_a_start_whose_sync_hangs_serves_anyway_and_runs_the_call_again(freezabl
     drops the reply put aside, whose change it could not make durable, so the resent
     call runs again."""
     export, backing = freezable_export
-    (export / "n").write_bytes(b"x")
-    os.sync()
-    config = tmp_path / "nasd.toml"
-    config.write_text("[limits]\nstart_sync_timeout_secs = 2\n")
-    with Nasd(export, args=["--no-root-squash", "--config", str(config)], state_dir=tmp_path / "state") as srv:
-        with Nfs3Client(srv.host, srv.port, cred=ROOT) as c1:
-            root = c1.root(srv.export_dir)
-            proc, args = nfs3_args.namespace_change(root, "remove")
-            xid, msg = c1.build(NFS_PROG, 3, proc, args)
-            kill_during_the_sync(srv, c1, msg, backing, tmp_path / "state")
-        # Something for the start's sync to write that cannot be written until the thaw.
-        (export / "dirty").write_bytes(b"d" * MiB)
-        run("fsfreeze", "--freeze", str(backing))
-        thaw = threading.Timer(60, unfreeze, (backing,))
-        thaw.start()
-        try:
-            begun = time.monotonic()
-            srv.start()  # the port is open before the sync: what counts is an answer
-            with Nfs3Client(srv.host, srv.port, cred=ROOT, timeout=30) as c2:
-                assert c2.call(NFS_PROG, 3, rpc.NFSPROC3_NULL).success
-                waited = time.monotonic() - begun
-        finally:
-            thaw.cancel()
-            unfreeze(backing)
-        assert 2 <= waited < 2 + 15, f"the first answer came {waited:.1f} s after the start"
+    with remove_killed_in_its_sync(export, backing, tmp_path) as (srv, proc, xid, msg):
+        null, waited = restart_with_writeback_held(srv, export, backing, lambda c: c.call(NFS_PROG, 3, rpc.NFSPROC3_NULL))
+        assert null.success
+        assert BOUND <= waited < BOUND + 15, f"the first answer came {waited:.1f} s after the start"
         assert "the exports' file systems did not finish syncing at start" in srv.log()
         assert "could not be made durable, dropped" in srv.log()
-        with Nfs3Client(srv.host, srv.port, cred=ROOT) as c3:
-            again = decode_result(proc, c3.resend(msg, xid))
+        with Nfs3Client(srv.host, srv.port, cred=ROOT) as c:
+            again = decode_result(proc, c.resend(msg, xid))
             assert again.status == rpc.NFS3ERR_NOENT, "the reply of a change not made durable was replayed"
 
 
@@ -247,32 +265,11 @@ def test_a_hung_file_system_that_is_not_exported_does_not_cost_the_replies(tmp_p
     a second stack whose backing file system is frozen with data still to write) must
     neither keep nasd from serving nor drop replies whose exports are durable."""
     needs_root_and_tools()
-    config = tmp_path / "nasd.toml"
-    config.write_text("[limits]\nstart_sync_timeout_secs = 2\n")
     with nested_file_system(tmp_path / "exported", False) as (export, backing), \
-            nested_file_system(tmp_path / "elsewhere", False) as (elsewhere, elsewhere_backing):
-        (export / "n").write_bytes(b"x")
-        os.sync()
-        with Nasd(export, args=["--no-root-squash", "--config", str(config)], state_dir=tmp_path / "state") as srv:
-            with Nfs3Client(srv.host, srv.port, cred=ROOT) as c1:
-                root = c1.root(srv.export_dir)
-                proc, args = nfs3_args.namespace_change(root, "remove")
-                xid, msg = c1.build(NFS_PROG, 3, proc, args)
-                kill_during_the_sync(srv, c1, msg, backing, tmp_path / "state")
-            (elsewhere / "dirty").write_bytes(b"d" * MiB)
-            run("fsfreeze", "--freeze", str(elsewhere_backing))
-            thaw = threading.Timer(60, unfreeze, (elsewhere_backing,))
-            thaw.start()
-            try:
-                begun = time.monotonic()
-                srv.start()
-                with Nfs3Client(srv.host, srv.port, cred=ROOT, timeout=30) as c2:
-                    again = decode_result(proc, c2.resend(msg, xid))
-                    waited = time.monotonic() - begun
-            finally:
-                thaw.cancel()
-                unfreeze(elsewhere_backing)
-            assert again.ok, f"the resent REMOVE ran again: status {again.status}"
-            assert 2 <= waited < 2 + 15, f"the answer came {waited:.1f} s after the start"
-            assert "file systems other than the exports did not finish syncing at start" in srv.log()
-            assert "made durable, kept" in srv.log()
+            nested_file_system(tmp_path / "elsewhere", False) as (elsewhere, elsewhere_backing), \
+            remove_killed_in_its_sync(export, backing, tmp_path) as (srv, proc, xid, msg):
+        again, waited = restart_with_writeback_held(srv, elsewhere, elsewhere_backing, lambda c: decode_result(proc, c.resend(msg, xid)))
+        assert again.ok, f"the resent REMOVE ran again: status {again.status}"
+        assert BOUND <= waited < BOUND + 15, f"the answer came {waited:.1f} s after the start"
+        assert "file systems other than the exports did not finish syncing at start" in srv.log()
+        assert "made durable, kept" in srv.log()
