@@ -337,7 +337,8 @@ impl ExportReloader {
 /// kernel.
 fn make_exports_durable(state: &Arc<ServerState>, within: std::time::Duration) -> bool {
     use std::sync::mpsc::RecvTimeoutError;
-    let deadline = std::time::Instant::now() + within;
+    // A bound too far off to be a deadline is no bound.
+    let deadline = std::time::Instant::now().checked_add(within);
     let (done, outcome) = std::sync::mpsc::channel();
     let state = state.clone();
     let started = std::thread::Builder::new().name("nasd-start-sync".into()).spawn(move || {
@@ -352,7 +353,10 @@ fn make_exports_durable(state: &Arc<ServerState>, within: std::time::Duration) -
         tracing::warn!(error = %e, "no thread to make the exports durable at start");
         return false;
     }
-    let wait = || outcome.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()));
+    let wait = || match deadline {
+        Some(deadline) => outcome.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())),
+        None => outcome.recv().map_err(|_| RecvTimeoutError::Disconnected),
+    };
     match wait() {
         Ok(true) => {}
         Ok(false) => return false,

@@ -165,7 +165,10 @@ def test_a_change_whose_server_died_in_its_sync_is_answered_not_run_again(freeza
     (export / "n").write_bytes(b"x")
     (export / "d").mkdir()
     os.sync()
-    with Nasd(export, args=["--no-root-squash"], state_dir=tmp_path / "state") as srv:
+    # The largest bound TOML can say: too far off to be a deadline, so no bound at all.
+    config = tmp_path / "nasd.toml"
+    config.write_text(f"[limits]\nstart_sync_timeout_secs = {2**63 - 1}\n")
+    with Nasd(export, args=["--no-root-squash", "--config", str(config)], state_dir=tmp_path / "state") as srv:
         with Nfs3Client(srv.host, srv.port, cred=ROOT) as c1:
             root = c1.root(srv.export_dir)
             n = c1.lookup(root, "n")
