@@ -124,14 +124,45 @@ def make_disk(path: Path, journal: bool = True) -> Path:
     return path
 
 
-def e2fsck(img: Path, log: Path) -> int:
-    """Replay the journal and repair; exit codes 0-2 are a consistent file system."""
+def e2fsck(img: Path, log: Path) -> tuple[int, str]:
+    """Replay the journal and repair; exit codes 0-2 are a consistent file system.
+    -> (exit code, what it printed)."""
     p = subprocess.run(["e2fsck", "-fy", str(img)], stdin=subprocess.DEVNULL,
                        capture_output=True, text=True)
     with open(log, "a") as f:
         f.write(f"$ e2fsck -fy {img.name} -> {p.returncode}\n{p.stdout}{p.stderr}\n")
     assert p.returncode <= 2, f"e2fsck -fy exited {p.returncode}:\n{p.stdout}{p.stderr}"
-    return p.returncode
+    return p.returncode, p.stdout + p.stderr
+
+
+def image_extents(img: Path, nfiles: int) -> dict[str, str]:
+    """Each data file's inode and extent tree as the cut left them (`debugfs stat`),
+    kept to explain a loss: a hole, an unwritten extent or one e2fsck took away."""
+    out = {}
+    for i in range(nfiles):
+        p = subprocess.run(["debugfs", "-R", f"stat /d{i}", str(img)], stdin=subprocess.DEVNULL,
+                           capture_output=True, env=dict(os.environ, DEBUGFS_PAGER="__none__",
+                                                         PAGER="__none__"))
+        out[f"d{i}"] = (p.stdout + p.stderr).decode(errors="replace")
+    return out
+
+
+def explain_loss(problems: list[str], before: dict[str, str], after: dict[str, str],
+                 fsck: str, oplog: Path, first_line: int) -> str:
+    """What a failed trial left to explain it: for each file with a lost block, its
+    extents before and after e2fsck, e2fsck's repairs, and the trial's operations on it."""
+    files = sorted({x.split()[0] for x in problems if re.match(r"d[0-9]+ block", x)})
+    lines = [l for l in oplog.read_text().splitlines()[first_line:]]
+    text = ["e2fsck after the cut:", *[l for l in fsck.splitlines()
+                                      if l.strip() and not l.startswith("Pass ")]]
+    for name in files:
+        f = int(name[1:])
+        ops = [l for l in lines if f'"f": {f},' in l]
+        text += [f"--- {name}: extents as the cut left them ---", before.get(name, ""),
+                 f"--- {name}: after e2fsck ---", after.get(name, ""),
+                 f"--- {name}: this trial's last {min(len(ops), 80)} of {len(ops)} operations ---",
+                 *ops[-80:]]
+    return "\n".join(text)
 
 
 def _debugfs(img: Path, request: str) -> subprocess.CompletedProcess:
@@ -319,6 +350,7 @@ def test_power_cut_trials_lose_nothing_acknowledged(guest_image, netns, workdir,
     rows, problems, verfs = [], [], []
     t_start = time.monotonic()
     for t in range(TRIALS):
+        first_line = len(oplog.read_text().splitlines()) if oplog.exists() else 0
         with PoweredGuest(netns, img, guest_image, setup=setup) as pg:
             w = NetnsWriter(netns, PORT, EXPORT, m, str(oplog), SEED * 1000 + t)
             w.start()
@@ -340,7 +372,8 @@ def test_power_cut_trials_lose_nothing_acknowledged(guest_image, netns, workdir,
             assert used == ([] if expect == "directory fsync" else [expect]), \
                 f"trial {t}: expected nasd to use {expect}, its warnings name {used}\n{nasd_log}"
         verfs.append(w.verfs)
-        rc = e2fsck(img, fscklog)
+        cut_extents = image_extents(img, NFILES)
+        rc, fsck = e2fsck(img, fscklog)
         view = ImageView(img, workdir, NFILES)
         dropped = unsynced_dropped(m, view)
         checked, lost, p = check("/", m, read=view.read, listdir=view.listdir,
@@ -354,6 +387,8 @@ def test_power_cut_trials_lose_nothing_acknowledged(guest_image, netns, workdir,
               f"e2fsck rc {rc}", flush=True)
         if p:
             print("\n".join(p[:20]) + "\n" + nasd_log)
+            print(explain_loss(p, cut_extents, image_extents(img, NFILES), fsck, oplog,
+                               first_line))
             if any(x.startswith("namespace") for x in p):
                 # The raw listing of entries that are not the workload's names.
                 out = _debugfs(img, "ls -p /ns").stdout.decode(errors="replace")
@@ -489,7 +524,7 @@ def test_power_cut_async_export_loses_acknowledged_data(guest_image, netns, work
             netns.call(write_all, timeout=180)
             time.sleep(2)
             pg.cut()
-        rc = e2fsck(img, fscklog)
+        rc, _ = e2fsck(img, fscklog)
         view = ImageView(img, workdir, 1)
         checked, lost, problems = check("/", m, read=view.read, listdir=view.listdir,
                                         torn_unsynced=True)
