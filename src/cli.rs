@@ -231,7 +231,7 @@ fn single_dir_exports(dir: &std::path::Path, args: &ServeArgs) -> anyhow::Result
         // Parsed alone, not as a line of a file, where a `#` or quotes could leave the line
         // with no client.
         let spec = parse_client_spec(&spec).map_err(|e| usage(format!("--allow {spec}: {e}")))?;
-        rules.push(ClientRule { spec, options: options.clone() });
+        rules.push(ClientRule { spec, options: options.clone(), line: 0 });
     }
     let id = crate::exports::export_id_for_path(&path);
     Ok(ExportTable { exports: vec![Export { id, path, rules, needs_mount: None, written_paths: Vec::new() }] })

@@ -61,6 +61,9 @@ pub enum ClientSpec {
 pub struct ClientRule {
     pub spec: ClientSpec,
     pub options: ExportOptions,
+    /// The exports file line it was written on (0 when given on the command line): the
+    /// rules of lines that turn out to name one directory are put back in file order.
+    pub line: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -650,7 +653,7 @@ mod tests {
     }
 
     fn rule(spec: ClientSpec, ro: bool) -> ClientRule {
-        ClientRule { spec, options: ExportOptions { read_only: ro, ..Default::default() } }
+        ClientRule { spec, options: ExportOptions { read_only: ro, ..Default::default() }, line: 0 }
     }
 
     #[test]

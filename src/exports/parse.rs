@@ -54,7 +54,10 @@ pub fn parse_exports_with(text: &str, file: &str, resolve: &dyn Fn(&str) -> Vec<
         logical.push_str(line);
         let err = |message: String| ExportsError { file: file.to_string(), line: start_line, message };
         if !logical.trim().is_empty() {
-            let (export, fsid) = parse_line(&logical, resolve).map_err(err)?;
+            let (mut export, fsid) = parse_line(&logical, resolve).map_err(err)?;
+            for rule in &mut export.rules {
+                rule.line = start_line;
+            }
             let i = match table.exports.iter().position(|e| e.path == export.path) {
                 Some(i) => {
                     merge_line(&mut table.exports[i], &mut explicit_fsids[i], export, fsid).map_err(err)?;
@@ -148,7 +151,16 @@ pub fn merge_same_directories(table: &mut ExportTable) -> Result<(), String> {
             None => merged.push(Merged { fsid, canonical_id: canonical, export: e }),
         }
     }
-    table.exports = merged.into_iter().map(|m| m.export).collect();
+    // Each export's rules came together name by name; the first rule of a kind that
+    // matches a client wins, so they go back in the order the file gave them (stable:
+    // one line's rules keep theirs).
+    table.exports = merged
+        .into_iter()
+        .map(|mut m| {
+            m.export.rules.sort_by_key(|r| r.line);
+            m.export
+        })
+        .collect();
     Ok(())
 }
 
@@ -254,14 +266,14 @@ fn parse_line(line: &str, resolve: &dyn Fn(&str) -> Vec<IpAddr>) -> Result<(Expo
         if let Some(o) = opts {
             apply_options(&mut options, o, &mut export_opts)?;
         }
-        rules.push(ClientRule { spec: parse_client(client, resolve)?, options });
+        rules.push(ClientRule { spec: parse_client(client, resolve)?, options, line: 0 });
     }
     if unused_defaults && !rules.is_empty() {
         tracing::warn!(export = %path, "options after the last client apply to no one: put them before the clients they are for");
     }
     if rules.is_empty() {
         // exportfs: an export with no client list is open to everyone.
-        rules.push(ClientRule { spec: ClientSpec::Anyone, options: defaults });
+        rules.push(ClientRule { spec: ClientSpec::Anyone, options: defaults, line: 0 });
     }
     // Normalised (`//`, a trailing `/`, `.` dropped) before the id is derived from it, so
     // that rewriting the line that way leaves every client's handles valid.
@@ -643,6 +655,14 @@ mod tests {
         let mut t = canonical("/x/l1 *(rw)\n/x/real 10.0.0.0/8(ro,fsid=5)\n");
         merge_same_directories(&mut t).unwrap();
         assert_eq!(t.exports[0].id, 5);
+        // names that alternate: still file order, so the earlier line's rule applies
+        let mut t = canonical("/x/l1 192.168.0.0/16(rw)\n/x/real 10.1.0.0/16(ro)\n/x/l1 10.1.2.0/24(rw,no_root_squash)\n");
+        merge_same_directories(&mut t).unwrap();
+        let specs: Vec<String> = t.exports[0].rules.iter().map(|r| r.spec.to_string()).collect();
+        assert_eq!(specs, ["192.168.0.0/16", "10.1.0.0/16", "10.1.2.0/24"], "clients in file order");
+        let client = "10.1.2.3".parse().unwrap();
+        let options = t.exports[0].options_for(client, false).unwrap().expect("a rule matches");
+        assert!(options.read_only && options.root_squash, "line 2 applies: {options:?}");
         let mut t = canonical("/x/l1 *(rw,fsid=4)\n/x/real 10.0.0.0/8(ro,fsid=5)\n");
         let e = merge_same_directories(&mut t).unwrap_err();
         assert!(e.contains("/x/l1 and /x/real are one directory") && e.contains("fsid 5"), "{e}");
