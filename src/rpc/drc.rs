@@ -43,12 +43,17 @@ pub struct DrcKey {
     args_sum: [u8; 16],
 }
 
-/// Tables hash the key through its checksum and XID alone (one word, with the table's
-/// random keys); equality still compares every field.
+/// Tables hash the key through its checksum, XID, length, procedure and client, not the
+/// whole checksum or program: every field a client can vary while keeping the others
+/// must reach the hash, or calls that differ only there (arguments padded past the
+/// checksummed prefix, one XID from many procedures) would share one probe chain that
+/// every lookup scans under the cache's lock.
 impl std::hash::Hash for DrcKey {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         let sum = u64::from_le_bytes(self.args_sum[..8].try_into().expect("8 bytes"));
-        state.write_u64(sum ^ u64::from(self.xid));
+        state.write_u64(sum ^ u64::from(self.xid) ^ ((self.args_len as u64) << 32));
+        state.write_u32(self.procedure);
+        self.client.hash(state);
     }
 }
 
@@ -515,6 +520,27 @@ mod tests {
 
     fn key(xid: u32, args: &[u8]) -> DrcKey {
         DrcKey::new("127.0.0.1".parse().unwrap(), xid, 100003, 3, 8, args)
+    }
+
+    #[test]
+    fn keys_that_differ_in_any_field_a_client_picks_hash_apart() {
+        use std::hash::{BuildHasher, BuildHasherDefault};
+        let hasher = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default();
+        let prefix = vec![7u8; CHECKSUM_PREFIX];
+        let mut seen = std::collections::HashSet::new();
+        for extra in 0..512usize {
+            let mut args = prefix.clone();
+            args.resize(CHECKSUM_PREFIX + 4 * extra, 0);
+            seen.insert(hasher.hash_one(key(1, &args)));
+        }
+        assert_eq!(seen.len(), 512, "calls padded past the checksum must not share one hash");
+        let procedures: std::collections::HashSet<u64> =
+            (0..22).map(|p| hasher.hash_one(DrcKey::new("127.0.0.1".parse().unwrap(), 1, 100003, 3, p, &prefix))).collect();
+        assert_eq!(procedures.len(), 22);
+        let clients: std::collections::HashSet<u64> = (1..=200u8)
+            .map(|c| hasher.hash_one(DrcKey::new(std::net::IpAddr::from([10, 0, 0, c]), 1, 100003, 3, 7, &prefix)))
+            .collect();
+        assert_eq!(clients.len(), 200);
     }
 
     #[test]

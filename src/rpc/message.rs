@@ -72,14 +72,16 @@ pub fn decode_call(r: &mut XdrReader<'_>) -> Result<CallHeader, HeaderError> {
     let body = r.opaque(MAX_AUTH_BYTES).map_err(|_| garbage.clone())?;
     let verf_flavor = r.u32().map_err(|_| HeaderError::Auth { xid, stat: AuthStat::BadVerf })?;
     let _verf = r.opaque(MAX_AUTH_BYTES).map_err(|_| HeaderError::Auth { xid, stat: AuthStat::BadVerf })?;
-    if verf_flavor != AUTH_NONE && verf_flavor != AUTH_SYS {
-        return Err(HeaderError::Auth { xid, stat: AuthStat::BadVerf });
-    }
+    // The credential first, as knfsd: a call under a flavor not served (RPCSEC_GSS,
+    // whose verifier is of its own flavor too) hears BADCRED, not of its verifier.
     let credential = match flavor {
         AUTH_NONE => Credential::None,
         AUTH_SYS => Credential::Sys(AuthSys::decode(body).map_err(|_| garbage)?),
         _ => return Err(HeaderError::Auth { xid, stat: AuthStat::BadCred }),
     };
+    if verf_flavor != AUTH_NONE && verf_flavor != AUTH_SYS {
+        return Err(HeaderError::Auth { xid, stat: AuthStat::BadVerf });
+    }
     Ok(CallHeader { xid, program, version, procedure, credential })
 }
 
@@ -183,6 +185,24 @@ mod tests {
         assert_eq!(
             decode_call(&mut XdrReader::new(w.as_slice())),
             Err(HeaderError::Auth { xid: 7, stat: AuthStat::BadCred })
+        );
+        // An RPCSEC_GSS call carries a verifier of that flavor too: still the credential.
+        let mut w = XdrWriter::new();
+        for v in [8, MSG_CALL, 2, 100003, 3, 0, 6, 0, 6, 0] {
+            w.u32(v);
+        }
+        assert_eq!(
+            decode_call(&mut XdrReader::new(w.as_slice())),
+            Err(HeaderError::Auth { xid: 8, stat: AuthStat::BadCred })
+        );
+        // A served credential with a verifier of an unknown flavor is the verifier's fault.
+        let mut w = XdrWriter::new();
+        for v in [9, MSG_CALL, 2, 100003, 3, 0, 0, 0, 6, 0] {
+            w.u32(v);
+        }
+        assert_eq!(
+            decode_call(&mut XdrReader::new(w.as_slice())),
+            Err(HeaderError::Auth { xid: 9, stat: AuthStat::BadVerf })
         );
     }
 
