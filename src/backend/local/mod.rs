@@ -696,7 +696,7 @@ impl LocalFs {
     /// another mount (a file system or bind mount inside the export) gets `Access`: it is
     /// not crossed, so nothing outside the export is reachable through it.
     /// `same_object`: `dirfd` and `name` still name exactly that object (an open
-    /// descriptor), so the handle found may be cached whatever its layout.
+    /// descriptor), so the handle found is that object's without looking again.
     fn handle_for(&self, dirfd: RawFd, name: &CStr, flags: libc::c_int, st: &libc::statx, same_object: bool) -> VfsResult<ObjectId> {
         if sys::statx_dev(st) != self.root_dev {
             return Err(VfsError::Access);
@@ -709,14 +709,25 @@ impl LocalFs {
         if mount != self.root_mount {
             return Err(VfsError::Access);
         }
-        // A name may be renamed over between the `statx` and here; where the handle shows
-        // its inode number, a different one means the attributes belong to another object.
-        let verified = match sys::handle_ino(&id) {
-            Some(ino) if ino != st.stx_ino => return Err(VfsError::Stale),
-            Some(_) => true,
-            None => same_object,
-        };
-        if let (Some(key), true) = (key, verified) {
+        // A name may be renamed over, or removed and made again under the inode number
+        // just freed, between the `statx` and here: the handle would then name another
+        // object than the attributes describe (knfsd takes both from one dentry). Where
+        // the handle shows its inode number, a different one tells; otherwise the name is
+        // looked at again, and the same inode number and birth time on both sides of the
+        // handle's lookup mean it found the same object.
+        if let Some(ino) = sys::handle_ino(&id) {
+            if ino != st.stx_ino {
+                return Err(VfsError::Stale);
+            }
+        }
+        if !same_object {
+            let again = sys::statx(dirfd, name, flags)?;
+            let born = |st: &libc::statx| (st.stx_ino, st.stx_btime.tv_sec, st.stx_btime.tv_nsec, sys::statx_dev(st));
+            if born(&again) != born(st) {
+                return Err(VfsError::Stale);
+            }
+        }
+        if let Some(key) = key {
             self.handles.insert(key, id);
         }
         Ok(id)
@@ -1917,6 +1928,35 @@ mod tests {
     fn statx_of(path: &Path) -> libc::statx {
         let c = CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
         sys::statx(libc::AT_FDCWD, &c, 0).expect("statx")
+    }
+
+    #[test]
+    fn a_name_made_again_under_a_reused_inode_number_gets_no_handle_for_the_old_attributes() {
+        let (dir, fs) = export();
+        let path = dir.path().join("f");
+        let dir_fd = std::fs::File::open(dir.path()).expect("open the export");
+        // The attributes READDIRPLUS took, then the name removed and made again before
+        // its handle is looked up: ext4 gives the new file the number just freed.
+        let mut tries = 0;
+        loop {
+            std::fs::write(&path, b"old").expect("create");
+            let old = statx_of(&path);
+            std::fs::remove_file(&path).expect("remove");
+            std::fs::create_dir(&path).expect("make again");
+            let new = statx_of(&path);
+            let found = fs.handle_for(dir_fd.as_raw_fd(), c"f", 0, &old, false);
+            if new.stx_ino == old.stx_ino {
+                assert_eq!(found, Err(VfsError::Stale), "a directory's handle with a removed file's attributes");
+                let now = fs.handle_for(dir_fd.as_raw_fd(), c"f", 0, &new, false).expect("the new one's handle");
+                assert_eq!(fs.lookup(&Cred::root(), &fs.root(), b"f").expect("lookup").0, now);
+                return;
+            }
+            // Another number: the inode-number check alone tells.
+            assert_eq!(found, Err(VfsError::Stale));
+            std::fs::remove_dir(&path).expect("clean");
+            tries += 1;
+            assert!(tries < 50, "this file system never reused an inode number: the case was not run");
+        }
     }
 
     #[test]
