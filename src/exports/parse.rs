@@ -101,7 +101,7 @@ fn merge_line(into: &mut Export, into_fsid: &mut Option<u32>, line: Export, fsid
     into.needs_mount = into.needs_mount.take().or(line.needs_mount);
     for rule in line.rules {
         if into.rules.iter().any(|r| r.spec == rule.spec) {
-            tracing::warn!(export = %path, client = ?rule.spec, "the client is listed for this path on an earlier line too: that earlier rule applies");
+            tracing::warn!(export = %path, client = ?rule.spec, "the client is listed for this path on another line too: the rule on the earlier line applies");
         }
         into.rules.push(rule);
     }

@@ -167,43 +167,23 @@ mod tests {
 
     #[test]
     fn header_errors() {
-        let mut w = XdrWriter::new();
-        w.u32(1);
-        w.u32(MSG_CALL);
-        w.u32(3);
-        assert_eq!(decode_call(&mut XdrReader::new(w.as_slice())), Err(HeaderError::RpcMismatch { xid: 1 }));
+        // A call header made of these words, decoded.
+        let decoded = |words: &[u32]| {
+            let mut w = XdrWriter::new();
+            for v in words {
+                w.u32(*v);
+            }
+            decode_call(&mut XdrReader::new(w.as_slice()))
+        };
+        assert_eq!(decoded(&[1, MSG_CALL, 3]), Err(HeaderError::RpcMismatch { xid: 1 }));
         assert_eq!(decode_call(&mut XdrReader::new(&[0, 0])), Err(HeaderError::Unparseable));
-        let mut w = XdrWriter::new();
-        w.u32(1);
-        w.u32(MSG_REPLY);
-        assert_eq!(decode_call(&mut XdrReader::new(w.as_slice())), Err(HeaderError::NotACall));
+        assert_eq!(decoded(&[1, MSG_REPLY]), Err(HeaderError::NotACall));
         // Unknown flavor (RPCSEC_GSS = 6) is an auth error, not garbage.
-        let mut w = XdrWriter::new();
-        for v in [7, MSG_CALL, 2, 100003, 3, 0, 6, 0, 0, 0] {
-            w.u32(v);
-        }
-        assert_eq!(
-            decode_call(&mut XdrReader::new(w.as_slice())),
-            Err(HeaderError::Auth { xid: 7, stat: AuthStat::BadCred })
-        );
+        assert_eq!(decoded(&[7, MSG_CALL, 2, 100003, 3, 0, 6, 0, 0, 0]), Err(HeaderError::Auth { xid: 7, stat: AuthStat::BadCred }));
         // An RPCSEC_GSS call carries a verifier of that flavor too: still the credential.
-        let mut w = XdrWriter::new();
-        for v in [8, MSG_CALL, 2, 100003, 3, 0, 6, 0, 6, 0] {
-            w.u32(v);
-        }
-        assert_eq!(
-            decode_call(&mut XdrReader::new(w.as_slice())),
-            Err(HeaderError::Auth { xid: 8, stat: AuthStat::BadCred })
-        );
+        assert_eq!(decoded(&[8, MSG_CALL, 2, 100003, 3, 0, 6, 0, 6, 0]), Err(HeaderError::Auth { xid: 8, stat: AuthStat::BadCred }));
         // A served credential with a verifier of an unknown flavor is the verifier's fault.
-        let mut w = XdrWriter::new();
-        for v in [9, MSG_CALL, 2, 100003, 3, 0, 0, 0, 6, 0] {
-            w.u32(v);
-        }
-        assert_eq!(
-            decode_call(&mut XdrReader::new(w.as_slice())),
-            Err(HeaderError::Auth { xid: 9, stat: AuthStat::BadVerf })
-        );
+        assert_eq!(decoded(&[9, MSG_CALL, 2, 100003, 3, 0, 0, 0, 6, 0]), Err(HeaderError::Auth { xid: 9, stat: AuthStat::BadVerf }));
     }
 
     #[test]
