@@ -215,9 +215,15 @@ def test_fsx_goes_on_through_connections_cut_mid_record(export, tmp_path):
         url = srv.url().replace(f"nfsport={srv.port}", f"nfsport={cutter.port}")
         p = nfsh_popen(url, "fsx", "/fsx", 3000, SEED, "8m", tmp_path / "model",
                        env={"NFSH_TIMEOUT_MS": 10000})
-        res = exerciser_lines(p, "fsx through cut connections", timeout=300)[-1]
+        lines = exerciser_lines(p, "fsx through cut connections", timeout=300)
+        res = lines[-1]
         assert srv.alive(), "nasd died"
     assert res["ok"] is True and res["ops"] == 3000, res
+    # Only the relay breaks connections: nasd ends none, whatever it was sent.
+    assert cutter.ended_by_server == 0, f"nasd ended {cutter.ended_by_server} connections"
+    # A first mount is never cut (its calls are small), but one whose connection failed
+    # otherwise (nfsh says how on stderr) is tried again: not a call sent again.
+    first_mounts_again = [line for line in lines if line.get("op") == "first-mount"]
     assert (export / "fsx").read_bytes() == (tmp_path / "model").read_bytes()
     assert cutter.replies_cut >= 3 and cutter.calls_cut >= 3, \
         f"too few cuts to test anything: {cutter.replies_cut} replies, {cutter.calls_cut} calls"
@@ -225,7 +231,9 @@ def test_fsx_goes_on_through_connections_cut_mid_record(export, tmp_path):
         (f"{res['retries']} calls sent again for {cutter.replies_cut} replies and "
          f"{cutter.calls_cut} calls cut")
     print(f"\nfsx through cut connections: {cutter.replies_cut} replies and "
-          f"{cutter.calls_cut} calls cut, {cutter.connections} connections; {res}")
+          f"{cutter.calls_cut} calls cut, {cutter.connections} connections, "
+          f"{len(first_mounts_again)} first mounts tried again, {cutter.upstream_refused} "
+          f"connections the relay could not pass on; {res}")
 
 
 def test_checker_rejects_a_missing_acknowledged_file(tmp_path):

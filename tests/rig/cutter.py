@@ -30,6 +30,21 @@ def sized_chance(reply_cut: float = 0.05, call_cut: float = 0.01,
     return chance
 
 
+class _Pair:
+    """A relayed connection's two sockets, and whether its end has begun."""
+
+    def __init__(self, client: socket.socket, server: socket.socket):
+        self.client, self.server = client, server
+        self._lock = threading.Lock()
+        self._ending = False
+
+    def end_first(self) -> bool:
+        """Marks the connection as ending; true for the first caller only."""
+        with self._lock:
+            first, self._ending = not self._ending, True
+            return first
+
+
 class ConnectionCutter:
     """Listens on a loopback port of its own and relays each connection to
     127.0.0.1:target_port (made in the caller's network namespace, as are the
@@ -43,6 +58,10 @@ class ConnectionCutter:
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self.connections = 0
+        # Connections the relay dropped because it could not reach the server, and
+        # connections the server ended itself (not cut, not closed by the client first).
+        self.upstream_refused = 0
+        self.ended_by_server = 0
         self.replies_cut = 0
         self.calls_cut = 0
         self.replies_cut_by_procedure: collections.Counter[int | None] = collections.Counter()
@@ -72,11 +91,13 @@ class ConnectionCutter:
             try:
                 server = socket.create_connection(("127.0.0.1", self.target_port))
             except OSError:
+                with self._lock:
+                    self.upstream_refused += 1
                 client.close()
                 continue
             with self._lock:
                 self.connections += 1
-            pair = (client, server)
+            pair = _Pair(client, server)
             procedures: dict[int, int] = {}   # XID -> procedure of the calls relayed
             threading.Thread(target=self._relay, args=(client, server, pair, False, procedures),
                              daemon=True).start()
@@ -103,13 +124,16 @@ class ConnectionCutter:
                 self.calls_cut += 1
             return self._rng.randrange(1, len(record))
 
-    def _relay(self, src: socket.socket, dst: socket.socket, pair, is_reply: bool,
+    def _relay(self, src: socket.socket, dst: socket.socket, pair: _Pair, is_reply: bool,
                procedures: dict[int, int]) -> None:
         pending = b""
         try:
             while True:
                 data = src.recv(1 << 20)
                 if not data:
+                    if is_reply and pair.end_first():
+                        with self._lock:
+                            self.ended_by_server += 1
                     break
                 pending += data
                 while len(pending) >= 4:
@@ -119,6 +143,7 @@ class ConnectionCutter:
                     record, pending = pending[:4 + length], pending[4 + length:]
                     cut = self._cut_at(record, is_reply, procedures)
                     if cut is not None:
+                        pair.end_first()
                         dst.sendall(record[:cut])
                         return
                     dst.sendall(record)
@@ -126,7 +151,8 @@ class ConnectionCutter:
             pass
         finally:
             # Either direction ending ends the connection, as a dead peer's would.
-            for s in pair:
+            pair.end_first()
+            for s in (pair.client, pair.server):
                 try:
                     s.shutdown(socket.SHUT_RDWR)
                 except OSError:

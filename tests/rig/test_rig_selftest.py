@@ -130,6 +130,8 @@ def test_cutter_passes_records_unchanged_when_it_cuts_nothing():
             assert _recv_exactly_or_eof(s, len(rec)) == rec
     ls.close()
     assert (cut.replies_cut, cut.calls_cut, cut.connections) == (0, 0, 1)
+    _settle()
+    assert (cut.ended_by_server, cut.upstream_refused) == (0, 0), "the client ended it"
 
 
 def test_cutter_cuts_only_the_records_it_is_told_and_then_closes():
@@ -150,6 +152,42 @@ def test_cutter_cuts_only_the_records_it_is_told_and_then_closes():
     ls.close()
     assert cut.replies_cut == 1 and cut.calls_cut == 0
     assert dict(cut.replies_cut_by_procedure) == {8: 1}
+    _settle()
+    assert cut.ended_by_server == 0, "the relay ended it, by the cut"
+
+
+def _settle() -> None:
+    """Gives the relay's threads time to see a connection's end."""
+    time.sleep(0.3)
+
+
+def test_cutter_counts_connections_the_server_ends_or_refuses():
+    """A server that closes a connection after one reply is counted as having ended
+    it; a server port nobody listens on, as refusing the relay."""
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(1)
+
+    def answer_once_and_close():
+        c, _ = ls.accept()
+        with c:
+            rec = c.recv(1 << 16)
+            c.sendall(rec)
+    threading.Thread(target=answer_once_and_close, daemon=True).start()
+    with ConnectionCutter(ls.getsockname()[1], 3, lambda *a: 0.0) as cut, \
+            socket.create_connection(("127.0.0.1", cut.port)) as s:
+        rec = _record(9, 1, 40)
+        s.sendall(rec)
+        assert _recv_exactly_or_eof(s, len(rec)) == rec
+        assert s.recv(10) == b""
+        _settle()
+        assert (cut.ended_by_server, cut.upstream_refused) == (1, 0)
+    port = ls.getsockname()[1]
+    ls.close()
+    with ConnectionCutter(port, 3, lambda *a: 0.0) as cut, \
+            socket.create_connection(("127.0.0.1", cut.port)) as s:
+        assert s.recv(10) == b""
+        assert (cut.ended_by_server, cut.upstream_refused, cut.connections) == (0, 1, 0)
 
 
 # ---------------------------------------------------------------- builds

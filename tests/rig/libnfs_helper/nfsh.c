@@ -27,6 +27,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1257,6 +1258,7 @@ static int cmd_durable_writer(char **a)
  */
 static struct nfs_context *mount_export(struct nfs_url **urlp);
 static struct nfs_context *mount_export_or(struct nfs_url **urlp, int *rc);
+static struct nfs_context *mount_export_until(struct nfs_url **urlp, int *rc);
 /* Contexts are made with libnfs's own reconnecting turned off (fsx: see fsx_nfs_renew). */
 static int g_no_autoreconnect;
 
@@ -1297,15 +1299,9 @@ static int fsx_nfs_open(int s);
 static void fsx_nfs_renew(int s)
 {
 	struct nfs_context *old = fsx_nfs.ctx[s], *ctx;
-	/* The server may be on its way back up: try again for as long as a call may wait. */
-	const char *e = getenv("NFSH_TIMEOUT_MS");
-	double give_up = now() + (e ? atoi(e) : 60000) / 1000.0;
 	int rc;
-	while (!(ctx = mount_export_or(NULL, &rc))) {
-		if (now() > give_up)
-			oplog_fail_nfs(&fsx_nfs.f->log, old, s, "mount again", g_url, rc);
-		usleep(50 * 1000);
-	}
+	if (!(ctx = mount_export_until(NULL, &rc)))
+		oplog_fail_nfs(&fsx_nfs.f->log, old, s, "mount again", g_url, rc);
 	fsx_nfs.ctx[s] = ctx;
 	if (s == 0)
 		nfs = fsx_nfs.ctx[0]; /* main unmounts it at the end */
@@ -1530,6 +1526,46 @@ static int cmd_nsx(char **a)
 	return 0;
 }
 
+struct mount_wait {
+	int finished, status;
+};
+
+static void mount_done(int status, struct nfs_context *ctx, void *data, void *private_data)
+{
+	struct mount_wait *w = private_data;
+	(void)ctx;
+	w->finished = 1;
+	w->status = status;
+	if (status < 0)
+		fprintf(stderr, "nfsh: mount failed: %s\n", data ? (const char *)data : "");
+}
+
+/* nfs_mount with its wait written out here: libnfs's own loop replaces the error of a
+ * connection that failed with "nfs_service failed", and this one first says on stderr
+ * how it failed (the poll events, the socket's error) and when. */
+static int mount_sync(struct nfs_context *ctx, const char *server, const char *path)
+{
+	struct mount_wait w = { 0, 0 };
+	double start = now();
+	if (nfs_mount_async(ctx, server, path, mount_done, &w) != 0)
+		return -EIO;
+	while (!w.finished) {
+		struct pollfd p = { .fd = nfs_get_fd(ctx), .events = nfs_which_events(ctx) };
+		/* Woken at least every 100 ms so that libnfs can time its calls out. */
+		if (poll(&p, 1, 100) < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		if (nfs_service(ctx, p.revents) < 0) {
+			fprintf(stderr, "nfsh: mount: the connection failed %.3f s in (poll events %#x): %s\n",
+				now() - start, (unsigned)p.revents, errmsg());
+			return -EIO;
+		}
+	}
+	return w.status;
+}
+
 /* A context with the export of g_url mounted (a TCP connection of its own), set up
  * from the environment.  If the mount fails: with rc, NULL and *rc set; without,
  * exits with the failure reported.  *urlp, if asked for, keeps the parsed URL (for
@@ -1562,7 +1598,7 @@ static struct nfs_context *mount_export_or(struct nfs_url **urlp, int *rc)
 		printf("}\n");
 		exit(1);
 	}
-	int mrc = nfs_mount(ctx, url->server, url->path);
+	int mrc = mount_sync(ctx, url->server, url->path);
 	if (mrc < 0 && !rc)
 		die("mount", url->path, mrc); /* reports this context's error */
 	if (mrc < 0) {
@@ -1581,9 +1617,36 @@ static struct nfs_context *mount_export_or(struct nfs_url **urlp, int *rc)
 	return ctx;
 }
 
+/* mount_export_or, tried again every 50 ms for as long as a call may wait
+ * (NFSH_TIMEOUT_MS): the server may be on its way back up.  NULL, with *rc set, if
+ * no attempt succeeded. */
+static struct nfs_context *mount_export_until(struct nfs_url **urlp, int *rc)
+{
+	const char *e = getenv("NFSH_TIMEOUT_MS");
+	double give_up = now() + (e ? atoi(e) : 60000) / 1000.0;
+	struct nfs_context *ctx;
+	while (!(ctx = mount_export_or(urlp, rc)) && now() <= give_up)
+		usleep(50 * 1000);
+	return ctx;
+}
+
+/* Exits if the export cannot be mounted.  fsx's connections may be broken on purpose
+ * (a server killed, a relay that cuts them), so its first mounts are tried again as
+ * its later ones are (fsx_nfs_renew); each failed one is a JSON line on stdout and
+ * its cause on stderr, for the test to weigh. */
 static struct nfs_context *mount_export(struct nfs_url **urlp)
 {
-	return mount_export_or(urlp, NULL);
+	if (!g_no_autoreconnect)
+		return mount_export_or(urlp, NULL);
+	int rc;
+	struct nfs_context *ctx = mount_export_or(urlp, &rc);
+	if (!ctx) {
+		printf("{\"ok\":false,\"op\":\"first-mount\",\"errno\":%d,\"again\":true}\n", -rc);
+		fflush(stdout);
+		if (!(ctx = mount_export_until(urlp, &rc)))
+			die("mount", g_url, rc);
+	}
+	return ctx;
 }
 
 /* ---------------------------------------------------------------- main */
