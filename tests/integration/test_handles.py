@@ -364,6 +364,61 @@ def test_dotdot_of_a_directory_being_moved_out_never_leads_out(tmp_path):
         assert answers.get(rpc.NFS3ERR_STALE, 0) > 0, "never looked up while outside: the test raced nothing"
 
 
+class HungFuseMount:
+    """A FUSE file system mounted on `point` whose daemon never answers: the kernel holds
+    any call that needs the daemon (a GETATTR of its root to refresh attributes, say)
+    until the connection is aborted, as an NFS mount of a server that is down holds
+    it. Made by hand (open /dev/fuse, mount(2) with its descriptor, read nothing);
+    leaving aborts the connection, which fails what was held, and unmounts."""
+
+    def __init__(self, point: Path):
+        self.point = point
+
+    def __enter__(self):
+        import ctypes
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = os.open("/dev/fuse", os.O_RDWR)
+        opts = f"fd={self.fd},rootmode=40000,user_id=0,group_id=0,allow_other".encode()
+        if self.libc.mount(b"nasd-test-hung", str(self.point).encode(), b"fuse", 0, opts) != 0:
+            e = ctypes.get_errno()
+            os.close(self.fd)
+            raise OSError(e, f"mount fuse on {self.point}: {os.strerror(e)}")
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)   # the last descriptor: the connection is aborted
+        MNT_DETACH = 2
+        assert self.libc.umount2(str(self.point).encode(), MNT_DETACH) == 0, "umount"
+
+
+def test_a_hung_file_system_mounted_inside_the_export_holds_no_listing_or_lookup(srv, tmp_path):
+    """A file system mounted inside the export whose server hangs (here a FUSE daemon that
+    never answers) is not served, and must not be waited on either: READDIRPLUS of the
+    directory it is mounted in lists its name at once (without a handle: the client
+    looks it up), and LOOKUP of it answers ACCES at once. Asking it for fresh attributes
+    of its root would hold both for as long as it hangs, for an answer thrown away."""
+    if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
+        pytest.skip("a FUSE mount needs root and /dev/fuse")
+    parent = Path(srv.export_dir) / "with_hung_mount"
+    parent.mkdir()
+    (parent / "plain").write_text("plain\n")
+    (parent / "hung").mkdir()
+    with Nfs3Client(srv.host, srv.port, cred=ROOT, timeout=5) as cl:
+        root = cl.root(srv.export_dir)
+        dirfh = cl.lookup(root, "with_hung_mount").fh
+        with HungFuseMount(parent / "hung"):
+            # Each call fails the test by timing out if nasd waits on the mount.
+            listed = {e[1]: e for e in cl.readdirplus(dirfh).entries}
+            assert set(listed) >= {"plain", "hung"}, listed
+            assert listed["plain"][4] is not None, "an ordinary entry comes with its handle"
+            assert listed["hung"][4] is None, "the mount point was given a handle"
+            r = cl.lookup(dirfh, "hung")
+            assert r.status == rpc.NFS3ERR_ACCES, f"LOOKUP of the mount point answered {r.status}"
+            assert cl.lookup(dirfh, "plain").ok
+        # Unmounted, the plain directory is served again.
+        assert cl.lookup(dirfh, "hung").ok
+
+
 def test_bind_mount_inside_export_is_not_crossed(srv, c, tmp_path):
     """A directory bind-mounted into the export from outside stays out of reach: LOOKUP
     of the mount point is refused, and so is MOUNT of a path through it. Removing the

@@ -238,6 +238,9 @@ pub struct LocalFs {
     syncfs_group: SyncGroup,
     /// An `fsync` of a new object makes its name durable too ([`sys::inode_sync_covers_new_entry`]).
     inode_sync_covers_entry: bool,
+    /// The export's file system answers `statx` from memory whatever the flags
+    /// ([`sys::attributes_are_local`]; see [`Self::stat_entry`]).
+    attributes_are_local: bool,
     /// The write verifier: new on every start, and after every failed sync
     /// ([`Self::renew_write_verifier`]).
     verifier: AtomicU64,
@@ -433,6 +436,7 @@ impl LocalFs {
         let max_file_size = sys::max_file_size(root_fd.as_raw_fd());
         let log = sys::metadata_log(root_fd.as_raw_fd(), st.st_dev);
         let inode_sync_covers_entry = sys::inode_sync_covers_new_entry(root_fd.as_raw_fd(), log);
+        let attributes_are_local = sys::attributes_are_local(root_fd.as_raw_fd());
         let fs_sync = if cfg.sync {
             let plan = NamespacePlan::of(log, st.st_dev);
             if !matches!(plan, NamespacePlan::DirectoryFsync) {
@@ -459,6 +463,7 @@ impl LocalFs {
             fs_sync,
             syncfs_group: SyncGroup::default(),
             inode_sync_covers_entry,
+            attributes_are_local,
             verifier,
             cache: ObjectCache::new(cfg.cache_capacity),
             handles: HandleCache::new(cfg.cache_capacity.saturating_mul(HANDLES_PER_OPEN_OBJECT)),
@@ -682,6 +687,21 @@ impl LocalFs {
         Ok((id, sys::attr_from_statx(&st, self.fsid), fd))
     }
 
+    /// `statx` of the entry `name` in `dirfd` that does not wait on a file system mounted
+    /// on it: an NFS mount whose server is down, or a FUSE daemon that hangs, would
+    /// otherwise hold a LOOKUP or a listing of the directory (and its thread) for as
+    /// long, only for the answer to be thrown away, as nothing past a mount is served.
+    /// `AT_STATX_DONT_SYNC` has such a file system answer from its cache. Where the
+    /// export's own file system is one of those, an entry found on it is asked again
+    /// without the flag, for attributes as fresh as the server's.
+    fn stat_entry(&self, dirfd: RawFd, name: &CStr) -> VfsResult<libc::statx> {
+        let st = sys::statx(dirfd, name, libc::AT_STATX_DONT_SYNC)?;
+        if self.attributes_are_local || sys::statx_dev(&st) != self.root_dev {
+            return Ok(st);
+        }
+        sys::statx(dirfd, name, 0)
+    }
+
     /// The cached handle of the object `st` describes, if it is on the export's mount and
     /// was seen before.
     fn cached_handle(&self, st: &libc::statx) -> Option<ObjectId> {
@@ -740,7 +760,12 @@ impl LocalFs {
         }
         let c = if is_dot_or_dotdot(name) { CString::new(name).expect("no NUL") } else { sys::component(name)? };
         // An object looked up before and still open costs one `statx`, not an open.
-        let st = sys::statx(dir.path_fd.as_raw_fd(), &c, 0)?;
+        let st = self.stat_entry(dir.path_fd.as_raw_fd(), &c)?;
+        if sys::statx_dev(&st) != self.root_dev {
+            // Another file system mounted on the name: refused without opening it, as
+            // nothing on it is served (`handle_for`).
+            return Err(VfsError::Access);
+        }
         if let Some(id) = self.cached_handle(&st) {
             if let Some(o) = self.cache.get(&id) {
                 o.touch();
@@ -1635,7 +1660,7 @@ impl LocalFs {
     /// Handle and attributes of a directory entry for READDIRPLUS; `None` when the entry
     /// vanished or is a mount point (the client then looks it up).
     fn entry_plus(&self, dir_fd: &OwnedFd, name: &CStr) -> Option<(ObjectId, Attr)> {
-        let st = sys::statx(dir_fd.as_raw_fd(), name, 0).ok()?;
+        let st = self.stat_entry(dir_fd.as_raw_fd(), name).ok()?;
         let id = self.handle_for(dir_fd.as_raw_fd(), name, 0, &st, false).ok()?;
         Some((id, sys::attr_from_statx(&st, self.fsid)))
     }

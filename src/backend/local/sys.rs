@@ -147,7 +147,10 @@ pub fn statx(dirfd: RawFd, name: &CStr, flags: libc::c_int) -> VfsResult<libc::s
     // SAFETY: statx is plain data; all-zero is a valid value.
     let mut st: libc::statx = unsafe { std::mem::zeroed() };
     // SAFETY: valid C string and out pointer.
-    check(unsafe { libc::statx(dirfd, name.as_ptr(), flags | libc::AT_SYMLINK_NOFOLLOW, STATX_WANTED, &mut st) })?;
+    // Never an automount: what is mounted on a name inside the export is not served,
+    // and a `statx` must not be what mounts it.
+    let flags = flags | libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT;
+    check(unsafe { libc::statx(dirfd, name.as_ptr(), flags, STATX_WANTED, &mut st) })?;
     Ok(st)
 }
 
@@ -383,6 +386,37 @@ pub fn metadata_log(fd: RawFd, dev: u64) -> MetadataLog {
 }
 
 const XFS_SUPER_MAGIC: i64 = 0x5846_5342;
+const BTRFS_SUPER_MAGIC: i64 = 0x9123_683E;
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+const RAMFS_MAGIC: i64 = 0x8584_58F6;
+const F2FS_SUPER_MAGIC: i64 = 0xF2F5_2010;
+const ZFS_SUPER_MAGIC: i64 = 0x2FC1_2FC1;
+const BCACHEFS_SUPER_MAGIC: i64 = 0xCA45_1A4E;
+
+/// Whether the file system holding `fd` keeps every inode's attributes in memory itself,
+/// so that `statx` with `AT_STATX_DONT_SYNC` answers exactly what it does without: local
+/// disk and memory file systems. Network and FUSE file systems may instead answer from
+/// a cache the server has since changed; an unknown type is taken for one of those.
+pub fn attributes_are_local(fd: RawFd) -> bool {
+    // SAFETY: fstatfs fills the zeroed struct.
+    let mut sfs: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstatfs(fd, &mut sfs) } < 0 {
+        return false;
+    }
+    matches!(
+        sfs.f_type as i64,
+        EXT_SUPER_MAGIC
+            | XFS_SUPER_MAGIC
+            | BTRFS_SUPER_MAGIC
+            | TMPFS_MAGIC
+            | RAMFS_MAGIC
+            | F2FS_SUPER_MAGIC
+            | ZFS_SUPER_MAGIC
+            | BCACHEFS_SUPER_MAGIC
+            | MSDOS_SUPER_MAGIC
+            | EXFAT_SUPER_MAGIC
+    )
+}
 
 /// Whether an `fsync` of a new object also makes its name durable: true of ext4 with a
 /// journal and of XFS, whose logs commit in order, and which log the new entry and the
