@@ -14,7 +14,10 @@ pub const FHSIZE: usize = 64;
 /// can say so instead of GARBAGE_ARGS.
 pub const NAME_MAX: usize = 255;
 const NAME_DECODE_MAX: usize = 4096;
-const PATH_DECODE_MAX: usize = 4096;
+/// A SYMLINK target longer than the kernel takes (4,095 bytes) is NAMETOOLONG, as knfsd
+/// answers; the decoder accepts one this long (a slice of the call, nothing allocated)
+/// so that it can say so instead of GARBAGE_ARGS.
+const PATH_DECODE_MAX: usize = 64 * 1024;
 /// Largest READ and WRITE payload (advertised in FSINFO).
 pub const MAX_IO: u32 = 1024 * 1024;
 

@@ -422,7 +422,8 @@ def test_a_hung_file_system_mounted_inside_the_export_holds_no_listing_or_lookup
 def test_bind_mount_inside_export_is_not_crossed(srv, c, tmp_path):
     """A directory bind-mounted into the export from outside stays out of reach: LOOKUP
     of the mount point is refused, and so is MOUNT of a path through it. Removing the
-    name it is mounted on answers ACCES, as knfsd does, not IO (a failing disk)."""
+    name it is mounted on answers ACCES, as knfsd does, not IO (a failing disk), and so
+    does renaming it or renaming another directory over it."""
     if os.geteuid() != 0:
         pytest.skip("bind mounts need root")
     outside = tmp_path / "outside"
@@ -438,6 +439,13 @@ def test_bind_mount_inside_export_is_not_crossed(srv, c, tmp_path):
         assert c.mnt(str(point)).status != 0
         r = c.rmdir(c.export_root, "bind_point")
         assert r.status == rpc.NFS3ERR_ACCES, f"RMDIR of a mount point answered {r.status}"
+        # Renamed, or renamed over: ACCES too.
+        r = c.rename(c.export_root, "bind_point", c.export_root, "moved_point")
+        assert r.status == rpc.NFS3ERR_ACCES, f"RENAME of a mount point answered {r.status}"
+        assert c.mkdir(c.export_root, "empty_dir").ok
+        r = c.rename(c.export_root, "empty_dir", c.export_root, "bind_point")
+        assert r.status == rpc.NFS3ERR_ACCES, f"RENAME onto a mount point answered {r.status}"
+        assert c.rmdir(c.export_root, "empty_dir").ok
     finally:
         subprocess.run(["umount", str(point)], check=True)
     # Unmounted, the plain directory is served again.

@@ -389,6 +389,15 @@ def test_pathconf(srv, c, work):
     assert c.create(dfh, "n" * 255, how="guarded").ok
     assert c.create(dfh, "m" * 256, how="guarded").status == rpc.NFS3ERR_NAMETOOLONG
     assert os.listdir(d) == ["n" * 255]
+    # A symlink's target: up to 4,095 bytes (the kernel's limit), NAMETOOLONG past it,
+    # as knfsd answers, not GARBAGE_ARGS (a call the server could not read).
+    target = "t/" * 2047 + "t"
+    assert c.symlink(dfh, "long-link", target).ok
+    assert os.readlink(os.path.join(d, "long-link")) == target
+    for too_long in (4096, 5000, 60000):
+        r = c.symlink(dfh, "too-long-link", "x" * too_long)
+        assert r.status == rpc.NFS3ERR_NAMETOOLONG, f"a {too_long}-byte target answered {r.status}"
+    os.unlink(os.path.join(d, "long-link"))
     # case preserving, case sensitive
     assert c.create(dfh, "MiXeD", how="guarded").ok
     assert c.lookup(dfh, "mixed").status == rpc.NFS3ERR_NOENT

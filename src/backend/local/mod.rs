@@ -62,6 +62,10 @@ pub struct LocalConfig {
     pub changes: ChangeCount,
 }
 
+/// How the changes made through nasd are counted and kept apart, shared by every export
+/// that may hold the same files (all of a server's: exports nest), so that a change
+/// made through one is seen, and waited for, by calls through another.
+///
 /// Modifying calls begun and finished so far: work done ahead of a call (entries of a
 /// listing looked at before it was asked for) is used only if no modifying call was
 /// running when the work began and none has begun since. A call counts as begun before
@@ -70,10 +74,36 @@ pub struct LocalConfig {
 #[derive(Debug, Clone, Default)]
 pub struct ChangeCount(Arc<ChangeCounters>);
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct ChangeCounters {
     begun: AtomicU64,
     finished: AtomicU64,
+    /// Held by a change of a directory's entries from its pre-op to its post-op
+    /// attributes ([`LocalFs::change_entries`]), one per directory inode number modulo
+    /// their count: keyed by inode, not by cached object, which the cache may drop and
+    /// open again while a call still holds the old one (nor by export: nested exports
+    /// reach one directory through two).
+    entry_locks: Box<[parking_lot::Mutex<()>]>,
+    /// Held by a SETATTR of anything but a directory (which takes its entry lock), keyed
+    /// the same way: truncating a large file takes seconds, and must not hold off the
+    /// entry changes of directories that share a lock with it.
+    attr_locks: Box<[parking_lot::Mutex<()>]>,
+    /// Entry changes made through nasd, per directory lock: a listing's buffer filled
+    /// before one is not continued, where the directory's times alone may not show it
+    /// (a file system or kernel with coarse timestamps: several changes in one tick).
+    entry_changes: Box<[AtomicU64]>,
+}
+
+impl Default for ChangeCounters {
+    fn default() -> Self {
+        Self {
+            begun: AtomicU64::new(0),
+            finished: AtomicU64::new(0),
+            entry_locks: (0..ENTRY_LOCKS).map(|_| parking_lot::Mutex::new(())).collect(),
+            attr_locks: (0..ENTRY_LOCKS).map(|_| parking_lot::Mutex::new(())).collect(),
+            entry_changes: (0..ENTRY_LOCKS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
 }
 
 impl ChangeCount {
@@ -247,19 +277,6 @@ pub struct LocalFs {
     cache: ObjectCache,
     /// Handles of inodes seen before, so listing them again costs no `name_to_handle_at`.
     handles: HandleCache,
-    /// Held by a change of a directory's entries from its pre-op to its post-op
-    /// attributes ([`Self::change_entries`]), one per directory inode number modulo their
-    /// count: keyed by inode, not by cached object, which the cache may drop and open
-    /// again while a call still holds the old one.
-    entry_locks: Box<[parking_lot::Mutex<()>]>,
-    /// Held by a SETATTR of anything but a directory (which takes its entry lock), keyed
-    /// the same way: truncating a large file takes seconds, and must not hold off the
-    /// entry changes of directories that share a lock with it.
-    attr_locks: Box<[parking_lot::Mutex<()>]>,
-    /// Entry changes made through nasd, per directory lock: a listing's buffer filled
-    /// before one is not continued, where the directory's times alone may not show it
-    /// (a file system or kernel with coarse timestamps: several changes in one tick).
-    entry_changes: Box<[AtomicU64]>,
     /// Directory listings in progress, left open where their last reply ended.
     dir_streams: DirStreams,
     /// Descriptors leaving the cache being checked for writeback errors.
@@ -285,12 +302,12 @@ const LOOK_AHEAD_MAX_AGE: std::time::Duration = std::time::Duration::from_millis
 const HANDLES_PER_OPEN_OBJECT: usize = 16;
 
 /// Locks of directories' entry changes ([`LocalFs::change_entries`]) and of SETATTR
-/// ([`LocalFs::attr_locks`]): two objects share one only when their inode numbers agree
-/// modulo this.
+/// ([`ChangeCounters::attr_locks`]): two objects share one only when their inode numbers
+/// agree modulo this.
 const ENTRY_LOCKS: usize = 256;
 
-/// The lock of the object with inode number `fileid` in [`LocalFs::entry_locks`] or
-/// [`LocalFs::attr_locks`].
+/// The lock of the object with inode number `fileid` in [`ChangeCounters::entry_locks`]
+/// or [`ChangeCounters::attr_locks`].
 fn entry_lock_slot(fileid: u64) -> usize {
     (fileid % ENTRY_LOCKS as u64) as usize
 }
@@ -467,9 +484,6 @@ impl LocalFs {
             verifier,
             cache: ObjectCache::new(cfg.cache_capacity),
             handles: HandleCache::new(cfg.cache_capacity.saturating_mul(HANDLES_PER_OPEN_OBJECT)),
-            entry_locks: (0..ENTRY_LOCKS).map(|_| parking_lot::Mutex::new(())).collect(),
-            attr_locks: (0..ENTRY_LOCKS).map(|_| parking_lot::Mutex::new(())).collect(),
-            entry_changes: (0..ENTRY_LOCKS).map(|_| AtomicU64::new(0)).collect(),
             dir_streams: DirStreams::default(),
             close_checks: close_check::CloseChecks::default(),
             no_nowait_writes: AtomicBool::new(false),
@@ -492,7 +506,7 @@ impl LocalFs {
     /// The count of entry changes made through nasd to `dir` (and the directories that
     /// share its lock).
     fn entry_changes(&self, dir: u64) -> u64 {
-        self.entry_changes[entry_lock_slot(dir)].load(Ordering::SeqCst)
+        self.changes.0.entry_changes[entry_lock_slot(dir)].load(Ordering::SeqCst)
     }
 
     fn modifying(&self) -> Modifying<'_> {
@@ -936,13 +950,13 @@ impl LocalFs {
         let mut locked: [Option<parking_lot::MutexGuard<'_, ()>>; N] = std::array::from_fn(|_| None);
         for (n, &slot) in slots.iter().enumerate() {
             if n == 0 || slots[n - 1] != slot {
-                locked[n] = Some(self.entry_locks[slot].lock());
+                locked[n] = Some(self.changes.0.entry_locks[slot].lock());
             }
         }
         let before: [Option<PreOpAttr>; N] = std::array::from_fn(|i| self.stat(dirs[i].0).ok().map(|a| PreOpAttr::from(&a)));
         let done = change()?;
         for &(_, fileid) in &dirs {
-            self.entry_changes[entry_lock_slot(fileid)].fetch_add(1, Ordering::SeqCst);
+            self.changes.0.entry_changes[entry_lock_slot(fileid)].fetch_add(1, Ordering::SeqCst);
         }
         let wcc = std::array::from_fn(|i| Wcc { before: before[i], after: self.stat(dirs[i].0).ok() });
         drop(locked);
@@ -1085,7 +1099,8 @@ impl Vfs for LocalFs {
         // for a directory, entry change) falls between them and the post-op ones. WRITE
         // does not take it: knfsd's inode lock covers writes too, but holding one per
         // object for every WRITE would serialise a file's concurrent writes.
-        let locks = if resolved.kind == FileKind::Directory { &self.entry_locks } else { &self.attr_locks };
+        let shared = &self.changes.0;
+        let locks = if resolved.kind == FileKind::Directory { &shared.entry_locks } else { &shared.attr_locks };
         let locked = locks[entry_lock_slot(resolved.fileid)].lock();
         let before = self.stat(&obj)?;
         if let Some(ct) = guard_ctime {
@@ -1443,10 +1458,8 @@ impl Vfs for LocalFs {
         let tc = sys::component(to)?;
         self.evict_name(&tobj, &tc);
         let replaced = self.hold_name(&tobj, &tc);
-        let ((), [from_wcc, to_wcc]) = self.change_entries([(&*fobj, fattr.fileid), (&*tobj, tattr.fileid)], || {
-            // SAFETY: valid C strings and fds.
-            sys::check(unsafe { libc::renameat(fobj.path_fd.as_raw_fd(), fc.as_ptr(), tobj.path_fd.as_raw_fd(), tc.as_ptr()) }).map(drop)
-        })?;
+        let ((), [from_wcc, to_wcc]) =
+            self.change_entries([(&*fobj, fattr.fileid), (&*tobj, tattr.fileid)], || sys::rename(&fobj.path_fd, &fc, &tobj.path_fd, &tc))?;
         drop(replaced);
         Ok(self.made((from_wcc, to_wcc), move || {
             if fattr.fileid == tattr.fileid {
@@ -1847,7 +1860,7 @@ mod tests {
         let made = fs.mkdir(&root, &fs.root(), b"d", &SetAttrs::default()).durable().expect("mkdir d");
         // What a SETATTR truncating a large file holds for seconds, for every file that
         // shares this directory's inode number modulo the lock count.
-        let truncating = fs.attr_locks[entry_lock_slot(made.attr.fileid)].lock();
+        let truncating = fs.changes.0.attr_locks[entry_lock_slot(made.attr.fileid)].lock();
         let (done_tx, done) = std::sync::mpsc::channel();
         let created = std::thread::scope(|s| {
             s.spawn(|| {
@@ -2138,6 +2151,49 @@ mod tests {
         // must tell that the buffer no longer shows the directory.
         let times = (attr.ctime, attr.mtime);
         assert!(fs.dir_streams.take(&root, cookie, &cred, times, fs.entry_changes(attr.fileid)).is_none(), "a stream read before a CREATE was continued");
+    }
+
+    #[test]
+    fn a_stream_read_through_one_export_is_not_continued_after_a_change_through_a_nested_one() {
+        // `/T` and `/T/sub` both exported: one directory reached through two exports.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).expect("mkdir sub");
+        for i in 0..100 {
+            std::fs::write(sub.join(format!("f{i:03}")), b"").expect("create");
+        }
+        let changes = ChangeCount::default();
+        let open = |path: &Path, fsid| {
+            LocalFs::open(&LocalConfig { path: path.to_path_buf(), fsid, sync: false, cache_capacity: 64, cache_idle: None, changes: changes.clone() }).expect("open export")
+        };
+        let (outer, inner) = (open(dir.path(), 1), open(&sub, 2));
+        let cred = Cred::root();
+        let (sub_id, attr) = outer.lookup(&cred, &outer.root(), b"sub").expect("lookup sub");
+        let times = (attr.ctime, attr.mtime);
+        // Ten entries listed through the outer export: the rest of the stream is parked.
+        let list_ten = || {
+            let (mut cookie, mut n) = (0, 0);
+            outer
+                .readdir(&cred, &sub_id, 0, false, usize::MAX, &mut |e: DirEntry<'_>| {
+                    n += 1;
+                    if n > 10 {
+                        return false;
+                    }
+                    cookie = e.cookie;
+                    true
+                })
+                .expect("readdir");
+            cookie
+        };
+        let cookie = list_ten();
+        assert!(outer.dir_streams.take(&sub_id, cookie, &cred, times, outer.entry_changes(attr.fileid)).is_some(), "nothing changed: the stream goes on");
+        let cookie = list_ten();
+        inner.create(&cred, &inner.root(), b"new", &CreateHow::Guarded(SetAttrs::default())).durable().expect("create");
+        // As if the directory's times had not moved (one coarse tick).
+        assert!(
+            outer.dir_streams.take(&sub_id, cookie, &cred, times, outer.entry_changes(attr.fileid)).is_none(),
+            "a stream read through the outer export before a CREATE through the inner one was continued"
+        );
     }
 
     #[test]

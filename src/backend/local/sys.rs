@@ -331,6 +331,16 @@ pub fn unlink(dir: &OwnedFd, name: &CStr, flags: libc::c_int) -> VfsResult<()> {
     Ok(())
 }
 
+/// Renames `from` in `from_dir` to `to` in `to_dir`. A name something is mounted on, on
+/// either side, answers ACCES, as [`unlink`] does.
+pub fn rename(from_dir: &OwnedFd, from: &CStr, to_dir: &OwnedFd, to: &CStr) -> VfsResult<()> {
+    // SAFETY: valid C strings and fds.
+    if unsafe { libc::renameat(from_dir.as_raw_fd(), from.as_ptr(), to_dir.as_raw_fd(), to.as_ptr()) } < 0 {
+        return Err(if errno() == libc::EBUSY { VfsError::Access } else { last_err() });
+    }
+    Ok(())
+}
+
 pub fn fsync(fd: &OwnedFd) -> VfsResult<()> {
     // SAFETY: plain syscall on an owned fd.
     check(unsafe { libc::fsync(fd.as_raw_fd()) }).map(|_| ())
