@@ -199,7 +199,7 @@ fn build_config(args: &ServeArgs) -> anyhow::Result<Config> {
             *dst = v;
         }
     }
-    config.limits.check().map_err(usage)?;
+    config.check().map_err(usage)?;
     Ok(config)
 }
 
@@ -272,13 +272,23 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // New files get exactly the mode the client asked for.
     // SAFETY: umask has no preconditions.
     unsafe { libc::umask(0) };
-    runtime.block_on(async move {
+    let last_calls_wait = std::time::Duration::from_secs(config.limits.write_timeout_secs);
+    let served = runtime.block_on(async move {
         let server = Server::bind(&config, table).await?;
         if let (Some(hangup), Some(file)) = (hangup, reload_from) {
             tokio::spawn(reload_exports_on_hangup(hangup, server.reloader(), file));
         }
         server.run(shutdown_signal()).await
-    })
+    });
+    // Calls still running on blocking threads (a COMMIT's sync) are waited for, but not
+    // for ever: a disk that stopped answering must not keep a stopped server from
+    // exiting (nothing it did not answer was promised to anyone).
+    let started = std::time::Instant::now();
+    runtime.shutdown_timeout(last_calls_wait);
+    if started.elapsed() >= last_calls_wait {
+        tracing::warn!(waited_secs = last_calls_wait.as_secs(), "calls still running at exit were left unfinished");
+    }
+    served
 }
 
 /// Reads and checks an exports(5) file; export paths come back canonical, with the

@@ -154,7 +154,7 @@ impl HandleKey {
 /// directory only if the link is this server's too: one planted by another user where
 /// the state directory was to be could otherwise turn the server onto a directory of its
 /// own such as `/tmp`, and make it private.
-fn private_dir(dir: &Path) -> anyhow::Result<()> {
+pub(crate) fn private_dir(dir: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     if let Ok(link) = std::fs::symlink_metadata(dir) {
         anyhow::ensure!(

@@ -418,6 +418,17 @@ impl Export {
         }
     }
 
+    /// Whether a rule that names the client admits it (its address or name, a network it
+    /// is in, a wildcard its address or cached name matches), not `*` alone, which admits
+    /// every address, forged ones too.
+    pub fn names(&self, client: IpAddr) -> bool {
+        let found = match self.best_rule(client, |ip| client_name(ip, false)) {
+            Ok(found) => found,
+            Err(NameNotResolved) => self.best_rule(client, |_| Ok(None)).ok().flatten(),
+        };
+        found.is_some_and(|(rank, _)| rank > ANYONE_RANK)
+    }
+
     /// [`Self::options_for`] with the client's name (for wildcard rules) from `name`, which
     /// is asked only when a wildcard rule could still win.
     fn options_with_name(
@@ -425,6 +436,15 @@ impl Export {
         client: IpAddr,
         name: impl FnOnce(IpAddr) -> Result<Option<String>, NameNotResolved>,
     ) -> Result<Option<&ExportOptions>, NameNotResolved> {
+        Ok(self.best_rule(client, name)?.map(|(_, options)| options))
+    }
+
+    /// The rank and options of the rule that admits `client` ([`Self::options_for`]).
+    fn best_rule(
+        &self,
+        client: IpAddr,
+        name: impl FnOnce(IpAddr) -> Result<Option<String>, NameNotResolved>,
+    ) -> Result<Option<(u32, &ExportOptions)>, NameNotResolved> {
         let mut best: Option<(u32, &ExportOptions)> = None;
         for rule in &self.rules {
             let rank = match &rule.spec {
@@ -439,7 +459,7 @@ impl Export {
             }
         }
         if best.is_some_and(|(b, _)| b >= WILDCARD_RANK) {
-            return Ok(best.map(|(_, o)| o));
+            return Ok(best);
         }
         // The first wildcard on the line that matches wins. The address text and the name
         // are made only when a pattern needs them: most exports have no wildcard, and this
@@ -465,7 +485,7 @@ impl Export {
                 break;
             }
         }
-        Ok(best.map(|(_, o)| o))
+        Ok(best)
     }
 }
 
@@ -681,6 +701,23 @@ mod tests {
         assert!(only_net.options_for("127.5.5.5".parse().unwrap(), false).expect("no wildcard rule").is_some());
         assert!(only_net.options_for("128.0.0.1".parse().unwrap(), false).expect("no wildcard rule").is_none());
         assert!(only_net.options_for("::1".parse().unwrap(), false).expect("no wildcard rule").is_none());
+    }
+
+    #[test]
+    fn a_client_admitted_only_by_anyone_is_not_named() {
+        let e = Export {
+            id: 1,
+            path: "/srv".into(),
+            rules: vec![rule(ClientSpec::Anyone, true), rule(ClientSpec::Network("10.0.0.0".parse().unwrap(), 8), false), rule(ClientSpec::Wildcard("192.168.7.*".into()), false)],
+            needs_mount: None,
+            written_paths: Vec::new(),
+        };
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert!(e.admits(ip("203.0.113.9")) && !e.names(ip("203.0.113.9")), "only * admits it");
+        assert!(e.names(ip("10.2.3.4")), "its network names it");
+        assert!(e.names(ip("192.168.7.7")), "an address wildcard names it");
+        let no_anyone = Export { rules: e.rules[1..].to_vec(), ..e };
+        assert!(!no_anyone.admits(ip("203.0.113.9")) && !no_anyone.names(ip("203.0.113.9")));
     }
 
     #[test]

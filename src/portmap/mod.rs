@@ -10,6 +10,11 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Arc;
 
 pub const PROGRAM: u32 = 100000;
+
+pub mod proc {
+    /// DUMP, in portmap v2 and rpcbind v3 and v4 alike.
+    pub const DUMP: u32 = 4;
+}
 const IPPROTO_TCP: u32 = 6;
 const IPPROTO_UDP: u32 = 17;
 const MAX_STR: usize = 256;

@@ -101,6 +101,9 @@ impl Limits {
     /// connection closed at once, a cache of no replies. The two limits where 0 means
     /// something (`stall_timeout_secs`: never; `open_object_idle_secs`: only when full)
     /// take it.
+    ///
+    /// Refuses values too large to mean anything but a mistake, which would otherwise
+    /// overflow where they are used (a semaphore's permits, a count of nanoseconds).
     pub fn check(&self) -> Result<(), String> {
         for (name, value) in [
             ("max_connections", self.max_connections as u64),
@@ -115,6 +118,29 @@ impl Limits {
                 return Err(format!("{name} = 0 is refused: it must be at least 1"));
             }
         }
+        let counts = [
+            ("max_connections", self.max_connections),
+            ("max_requests_per_connection", self.max_requests_per_connection),
+            ("max_requests_in_flight", self.max_requests_in_flight),
+            ("drc_entries", self.drc_entries),
+            ("open_objects", self.open_objects),
+        ];
+        let seconds = [
+            ("open_object_idle_secs", self.open_object_idle_secs),
+            ("idle_timeout_secs", self.idle_timeout_secs),
+            ("write_timeout_secs", self.write_timeout_secs),
+            ("stall_timeout_secs", self.stall_timeout_secs),
+            ("start_sync_timeout_secs", self.start_sync_timeout_secs),
+        ];
+        let too_large = counts
+            .iter()
+            .map(|&(name, v)| (name, v as u64, COUNT_MAX))
+            .chain(seconds.iter().map(|&(name, v)| (name, v, SECONDS_MAX)))
+            .chain([("max_record_bytes", self.max_record_bytes as u64, RECORD_MAX)])
+            .find(|&(_, value, max)| value > max);
+        if let Some((name, value, max)) = too_large {
+            return Err(format!("{name} = {value} is refused: it must be at most {max}"));
+        }
         if self.max_record_bytes < LARGEST_CALL {
             return Err(format!(
                 "max_record_bytes = {} is too small: a 1 MiB WRITE (the size nasd offers clients) needs {LARGEST_CALL}",
@@ -125,9 +151,27 @@ impl Limits {
     }
 }
 
+/// Largest count limit taken (connections, requests, cache entries).
+const COUNT_MAX: u64 = 1 << 24;
+/// Largest time limit taken, in seconds (about 68 years).
+const SECONDS_MAX: u64 = 1 << 31;
+/// Largest record limit taken: each connection may buffer a record this long.
+const RECORD_MAX: u64 = 1 << 30;
+/// Longest busy poll taken, in microseconds: a worker thread spins this long per busy
+/// connection, holding off the other connections' tasks on it.
+const BUSY_POLL_MAX_US: u64 = 1000;
+
 impl Config {
     pub fn from_toml(text: &str) -> Result<Config, toml::de::Error> {
         toml::from_str(text)
+    }
+
+    /// [`Limits::check`], and a busy poll no longer than [`BUSY_POLL_MAX_US`].
+    pub fn check(&self) -> Result<(), String> {
+        if self.busy_poll_us > BUSY_POLL_MAX_US {
+            return Err(format!("busy_poll_us = {} is refused: it must be at most {BUSY_POLL_MAX_US}", self.busy_poll_us));
+        }
+        self.limits.check()
     }
 
     pub fn state_dir(&self) -> PathBuf {
@@ -168,6 +212,29 @@ mod tests {
         let config = Config::from_toml("[limits]\nstall_timeout_secs = 0\nopen_object_idle_secs = 0\n").expect("parses");
         assert_eq!(config.limits.check(), Ok(()));
         assert_eq!(Limits::default().check(), Ok(()));
+    }
+
+    #[test]
+    fn limits_too_large_to_be_meant_are_refused_before_they_overflow() {
+        // Each one past its bound: a semaphore's permits (panics above usize::MAX >> 3),
+        // a connection's `u32` permits, seconds counted in `u64` nanoseconds.
+        for (line, name) in [
+            ("[limits]\nmax_requests_in_flight = 4611686018427387904", "max_requests_in_flight"),
+            ("[limits]\nmax_requests_per_connection = 4294967296", "max_requests_per_connection"),
+            ("[limits]\nmax_connections = 16777217", "max_connections"),
+            ("[limits]\ndrc_entries = 16777217", "drc_entries"),
+            ("[limits]\nopen_objects = 16777217", "open_objects"),
+            ("[limits]\nstall_timeout_secs = 18446744074", "stall_timeout_secs"),
+            ("[limits]\nidle_timeout_secs = 2147483649", "idle_timeout_secs"),
+            ("[limits]\nmax_record_bytes = 1073741825", "max_record_bytes"),
+            ("busy_poll_us = 1000001", "busy_poll_us"),
+        ] {
+            let config = Config::from_toml(line).expect("parses");
+            let refused = config.check().expect_err(name);
+            assert!(refused.starts_with(&format!("{name} = ")) && refused.contains("at most"), "{refused}");
+        }
+        let at_bounds = "busy_poll_us = 1000\n[limits]\nmax_requests_in_flight = 16777216\nstall_timeout_secs = 2147483648\nmax_record_bytes = 1073741824\n";
+        assert_eq!(Config::from_toml(at_bounds).expect("parses").check(), Ok(()));
     }
 
     #[test]

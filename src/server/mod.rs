@@ -51,6 +51,9 @@ pub(crate) struct Shared {
     pub stalls: Stalls,
     /// Open TCP connections, on all listeners together.
     pub connections: Arc<Semaphore>,
+    /// Held while anything of this server runs, calls still on blocking threads after
+    /// the listeners stopped included ([`lock_state_dir`]).
+    _state_dir_lock: std::fs::File,
 }
 
 impl Shared {
@@ -110,19 +113,52 @@ async fn bind_udp(addr: SocketAddr) -> anyhow::Result<UdpSocket> {
 /// File in the state directory that keeps namespace changes' replies across restarts.
 const DRC_JOURNAL: &str = "drc-journal";
 
+/// Takes the state directory for this process alone (an `flock` of `lock` in it, which
+/// goes with the process however it ends): two servers on one directory would overwrite
+/// each other's duplicate request journal, and two first starts at once could each
+/// serve handles made with a key the other then installs.
+fn lock_state_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    crate::fh::private_dir(dir).with_context(|| format!("state directory {} (set --state-dir)", dir.display()))?;
+    let path = dir.join("lock");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: plain syscall on an open descriptor.
+    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            return Err(UsageError(format!(
+                "state directory {} is in use by another nasd: give each server its own (--state-dir)",
+                dir.display()
+            ))
+            .into());
+        }
+        return Err(e).with_context(|| format!("locking {}", path.display()));
+    }
+    Ok(file)
+}
+
 impl Server {
     /// Opens every export and binds every listener; nothing is served until [`Server::run`].
     pub async fn bind(config: &Config, table: ExportTable) -> anyhow::Result<Server> {
         if table.exports.is_empty() {
             return Err(UsageError("nothing to export".into()).into());
         }
-        config.limits.check().map_err(UsageError)?;
+        config.check().map_err(UsageError)?;
         if !creds::init() {
             tracing::warn!("not running as root: every client acts as the server's own user");
         }
         creds::check_switching().map_err(UsageError)?;
         raise_fd_limit();
         let state_dir = config.state_dir();
+        let state_dir_lock = lock_state_dir(&state_dir)?;
         let key = HandleKey::load_or_create(&state_dir)
             .with_context(|| format!("state directory {} (set --state-dir)", state_dir.display()))?;
         let changes = ChangeCount::default();
@@ -172,6 +208,7 @@ impl Server {
             state: state.clone(),
             stalls: Stalls::new(std::time::Duration::from_secs(config.limits.stall_timeout_secs)),
             connections: Arc::new(Semaphore::new(config.limits.max_connections)),
+            _state_dir_lock: state_dir_lock,
         });
         let reloader = ExportReloader { state: state.clone(), limits: config.limits.clone(), changes };
         Ok(Server { shared, tcp, udp, metrics_listener, local_addr, reloader })

@@ -90,6 +90,12 @@ impl ServerState {
         self.exports.read().iter().any(|rt| rt.export.admits(ip))
     }
 
+    /// Whether a rule of some export names this client, not `*` alone ([`Export::names`]).
+    pub fn names_anywhere(&self, client: std::net::IpAddr) -> bool {
+        let ip = canonical_ip(client);
+        self.exports.read().iter().any(|rt| rt.export.names(ip))
+    }
+
     /// The export a MOUNT path names (by id) and the path below its root.
     /// The exports a MOUNT path is in, the deepest first ([`crate::exports::ExportTable::mount_candidates`]).
     pub fn exports_table_lookup(&self, path: &str) -> Vec<(u32, std::path::PathBuf)> {

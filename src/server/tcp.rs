@@ -934,6 +934,7 @@ mod tests {
             stalls: stalls::Stalls::new(Duration::from_secs(limits.stall_timeout_secs)),
             connections: Arc::new(Semaphore::new(limits.max_connections)),
             limits,
+            _state_dir_lock: tempfile::tempfile().expect("a file to stand for the lock"),
         })
     }
 

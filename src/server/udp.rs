@@ -21,7 +21,6 @@ pub(crate) async fn serve(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
         Err(_) => return,
     };
     loop {
-        let slot = shared.global_slot(None).await;
         let mut buf = vec![0u8; 65536];
         let received = socket.async_io(Interest::READABLE, || receive(socket.as_raw_fd(), &mut buf)).await;
         let (n, peer, arrival) = match received {
@@ -32,6 +31,11 @@ pub(crate) async fn serve(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
             }
         };
         buf.truncate(n);
+        // Taken once a call is here, not while waiting for one: an idle socket holding a
+        // slot would leave TCP that many fewer (all of them at `max_requests_in_flight =
+        // 1`). Nothing more is read from the socket until the call has one: the kernel's
+        // buffer holds, then drops, what comes meanwhile, and clients retransmit.
+        let slot = shared.global_slot(None).await;
         // Where the client called: the socket's own address, or on a socket bound to every
         // address (the only kind asked to report it, `report_destinations`) the one the
         // kernel reported.
@@ -47,7 +51,7 @@ pub(crate) async fn serve(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
                 } else if body.len() > MAX_DATAGRAM {
                     tracing::warn!(client = %peer, bytes = body.len(), "reply too large for a datagram; dropped");
                 } else {
-                    if let Some(answer) = guarded_answer(&shared, peer, buf.len(), body) {
+                    if let Some(answer) = guarded_answer(&shared, peer, &buf, body) {
                         // From the address called: a client that called a second address
                         // of this host drops a reply from the first.
                         if let Err(e) = send(socket.as_raw_fd(), &answer, peer, arrival) {
@@ -219,14 +223,33 @@ fn put_control<T: Copy>(msg: &mut libc::msghdr, control: &mut Control, level: li
 /// answer a 40-byte call with hundreds of bytes). Such a reply goes only to a client some
 /// export admits; any other source gets `AUTH_ERROR`/`AUTH_TOOWEAK` (20 bytes, smaller
 /// than any whole call) and can ask again over TCP, whose source address is real.
-/// Returns what to send for `reply`, if anything.
-fn guarded_answer<'a>(shared: &Shared, peer: SocketAddr, call_len: usize, reply: &'a [u8]) -> Option<Cow<'a, [u8]>> {
-    if reply.len() <= call_len || shared.state.admits_anywhere(peer.ip()) {
+/// The listings (portmap DUMP, MOUNT DUMP and EXPORT), which answer a small call with up
+/// to a datagram, go only to a client a rule names: an export for `*` admits every
+/// address, forged ones too. Returns what to send for `reply`, if anything.
+fn guarded_answer<'a>(shared: &Shared, peer: SocketAddr, call: &[u8], reply: &'a [u8]) -> Option<Cow<'a, [u8]>> {
+    let call_len = call.len();
+    if reply.len() <= call_len {
+        return Some(Cow::Borrowed(reply));
+    }
+    let vouched = if is_listing(call) { shared.state.names_anywhere(peer.ip()) } else { shared.state.admits_anywhere(peer.ip()) };
+    if vouched {
         return Some(Cow::Borrowed(reply));
     }
     shared.metrics.record_rpc_error("udp_reply_larger_than_call");
     tracing::debug!(client = %peer, call = call_len, reply = reply.len(), "large UDP reply to a client no export admits: refused");
     refusal_within(call_len, reply).map(Cow::Owned)
+}
+
+/// Whether `call` asks for a listing: portmap's or rpcbind's DUMP, MOUNT's DUMP or EXPORT
+/// (procedure numbers of every version served).
+fn is_listing(call: &[u8]) -> bool {
+    let word = |at: usize| call.get(at..at + 4).map(|w| u32::from_be_bytes(w.try_into().expect("4 bytes")));
+    // xid, CALL, rpcvers, prog, vers, proc
+    match (word(12), word(20)) {
+        (Some(crate::portmap::PROGRAM), Some(proc)) => proc == crate::portmap::proc::DUMP,
+        (Some(crate::mount3::PROGRAM), Some(proc)) => proc == crate::mount3::proc::DUMP || proc == crate::mount3::proc::EXPORT,
+        _ => false,
+    }
 }
 
 /// The refusal of `reply`, unless even that is larger than the call (one cut short of a

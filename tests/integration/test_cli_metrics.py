@@ -50,6 +50,24 @@ def test_nonexistent_dir_exits_2_naming_it(tmp_path):
     assert str(missing) in p.stderr
 
 
+def test_a_second_server_on_one_state_directory_is_refused(tmp_path):
+    """Two servers on one state directory would overwrite each other's duplicate
+    request journal (and two first starts could install different handle keys): the
+    second exits 2 naming the directory, and starts once the first has stopped."""
+    export = make_export(tmp_path)
+    state = tmp_path / "state"
+    with Nasd(export, state_dir=state) as first:
+        p = run_nasd("serve", export, "--listen", f"127.0.0.1:{free_port()}", "--state-dir", state)
+        assert p.returncode == 2, (p.returncode, p.stderr)
+        assert "in use by another nasd" in p.stderr and str(state) in p.stderr, p.stderr
+        assert first.alive()
+        with Nfs3Client(first.host, first.port, cred=ROOT) as c:
+            assert c.getattr(c.root(str(export))).ok, "the first server still serves"
+    with Nasd(export, state_dir=state) as again:
+        with Nfs3Client(again.host, again.port, cred=ROOT) as c:
+            assert c.getattr(c.root(str(export))).ok
+
+
 @pytest.mark.parametrize("bad", [
     "{d} 127.0.0.1(rw,no_such_option)",
     "{d} 127.0.0.1(rw,insecure",

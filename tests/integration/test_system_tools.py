@@ -70,7 +70,8 @@ def test_rpcinfo_finds_nfs_and_mount_through_the_embedded_portmapper(served):
 
 def test_rpcinfo_over_udp_is_refused_to_a_source_no_export_admits(served, tmp_path):
     """The portmapper's dump is far larger than the call asking for it; over UDP, whose
-    source can be forged, only admitted clients get it (see docs/reliability.md)."""
+    source can be forged, only clients a rule names get it, not those only `*` admits
+    (see docs/reliability.md)."""
     ns, n, export = served
     assert _run(ns, "rpcinfo", "-T", "udp", "-s", "127.0.0.1").returncode == 0
     write_exports(tmp_path, [f"{export} 127.0.0.2(rw,insecure)"])
@@ -80,6 +81,23 @@ def test_rpcinfo_over_udp_is_refused_to_a_source_no_export_admits(served, tmp_pa
     assert "too weak" in refused.stderr, refused.stderr
     over_tcp = _run(ns, "rpcinfo", "-T", "tcp", "-s", "127.0.0.1")
     assert over_tcp.returncode == 0 and "mountd" in over_tcp.stdout, over_tcp.stderr
+    # An export for `*` admits every address, forged ones too: it does not vouch for a
+    # listing over UDP. NFS calls over UDP of a client it admits are still answered.
+    write_exports(tmp_path, [f"{export} *(rw,insecure,no_root_squash)"])
+    n.restart()
+    refused = _run(ns, "rpcinfo", "-T", "udp", "-s", "127.0.0.1")
+    assert refused.returncode != 0 and "too weak" in refused.stderr, (refused.stdout, refused.stderr)
+    assert _run(ns, "rpcinfo", "-T", "tcp", "-s", "127.0.0.1").returncode == 0
+    p = _run(ns, "showmount", "-e", "127.0.0.1") if shutil.which("showmount") else None
+    assert p is None or (p.returncode == 0 and "*" in p.stdout), (p.stdout, p.stderr)
+
+    def nfs_over_udp():
+        with Nfs3Client("127.0.0.1", n.port, cred=ROOT) as c:
+            root = c.root(os.path.realpath(export))
+        with Nfs3Client("127.0.0.1", n.port, proto="udp", cred=ROOT) as u:
+            r = u.readdirplus(root)
+            assert r.ok, r.status
+    ns.call(nfs_over_udp, timeout=30)
 
 
 @pytest.mark.skipif(shutil.which("showmount") is None, reason="showmount not installed (Debian package nfs-common)")

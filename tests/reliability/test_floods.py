@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from rig.nasd import Nasd
+from rig.nasd import Nasd, free_port
 from rig.rpc import Nfs3Client, auth_sys, build_call, frame, nfs3_args, NFS3_OK, NFS_PROG, NFS_V3
 
 RSS_LIMIT_KIB = 512 * 1024
@@ -204,6 +204,31 @@ def few_slots(tmp_path, limits):
             root = c.root(str(export))
             big = c.lookup(root, "big").fh
         yield srv, root, nfs3_args.read(big, 0, 1 << 20)
+
+
+@pytest.mark.parametrize("portmap", [False, True], ids=["udp", "udp-and-portmap-udp"])
+def test_an_idle_udp_socket_holds_no_request_slot(tmp_path, portmap):
+    """With as many request slots in all as nasd has UDP sockets, calls over TCP are
+    still answered, and calls over UDP too: a socket waiting for a datagram holds no
+    slot (each held one while it waited, so TCP calls waited for a datagram to come)."""
+    export = tmp_path / "export"
+    export.mkdir()
+    config = tmp_path / "nasd.toml"
+    slots = 2 if portmap else 1
+    config.write_text(f"[limits]\nmax_requests_per_connection = 1\nmax_requests_in_flight = {slots}\n")
+    args = ["--no-root-squash", "--config", config]
+    if portmap:
+        args += ["--portmap", "--portmap-port", str(free_port())]
+    with Nasd(export, args=args) as srv:
+        with Nfs3Client("127.0.0.1", srv.port, cred=auth_sys(0, 0), timeout=5) as c:
+            root = c.root(str(export))
+            for _ in range(20):
+                assert c.getattr(root).ok
+        with Nfs3Client("127.0.0.1", srv.port, proto="udp", cred=auth_sys(0, 0), timeout=5) as u:
+            for _ in range(5):
+                assert u.getattr(root).ok
+        with Nfs3Client("127.0.0.1", srv.port, cred=auth_sys(0, 0), timeout=5) as c:
+            assert c.getattr(root).ok, "a TCP call after the UDP ones"
 
 
 def not_reading_client(srv, read_args, n):
