@@ -208,27 +208,35 @@ impl Metrics {
     }
 }
 
-/// VmHWM from /proc/self/status (kB there).
-fn peak_resident_bytes() -> i64 {
+/// A size from /proc/self/status (kB there; 0 if missing). In kB whatever the page
+/// size, which differs between machines (4 KiB, 16 KiB, 64 KiB).
+fn status_bytes(field: &str) -> i64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<i64>().ok())
         .map_or(0, |kb| kb * 1024)
 }
 
+fn peak_resident_bytes() -> i64 {
+    status_bytes("VmHWM")
+}
+
 fn resident_bytes() -> i64 {
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse::<i64>().ok()))
-        .map(|pages| pages * 4096)
-        .unwrap_or(0)
+    status_bytes("VmRSS")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resident_memory_is_read_in_bytes_and_never_above_its_peak() {
+        let (now, peak) = (resident_bytes(), peak_resident_bytes());
+        // A test binary is resident in megabytes, not in pages counted as bytes.
+        assert!(now > 1 << 20 && now <= peak, "resident {now} bytes, peak {peak}");
+    }
 
     #[test]
     fn renders_counts_histograms_and_errors() {

@@ -18,6 +18,9 @@ pub struct Snapshot {
     pub errors: f64,
     pub resident_bytes: f64,
     pub peak_resident_bytes: f64,
+    /// WRITE calls by the stability the client asked for ("unstable", "data_sync",
+    /// "file_sync").
+    pub writes_by_stability: BTreeMap<String, f64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -48,6 +51,9 @@ pub struct ServerFigures {
     pub resident_bytes: u64,
     #[serde(default)]
     pub peak_resident_bytes: u64,
+    /// WRITE calls of the job by the stability the client asked for.
+    #[serde(default)]
+    pub writes_by_stability: BTreeMap<String, u64>,
 }
 
 pub fn scrape(addr: SocketAddr) -> Result<Snapshot> {
@@ -100,6 +106,11 @@ pub fn parse(text: &str) -> Snapshot {
             "nasd_rpc_errors_total" => s.errors += v,
             "nasd_resident_memory_bytes" => s.resident_bytes = v,
             "nasd_peak_resident_memory_bytes" => s.peak_resident_bytes = v,
+            "nasd_write_requests_total" => {
+                if let Some(stable) = lab.get("stable") {
+                    s.writes_by_stability.insert(stable.clone(), v);
+                }
+            }
             _ => {}
         }
     }
@@ -158,6 +169,12 @@ pub fn diff(before: &Snapshot, after: &Snapshot) -> ServerFigures {
         errors: (after.errors - before.errors).max(0.0) as u64,
         resident_bytes: after.resident_bytes as u64,
         peak_resident_bytes: after.peak_resident_bytes as u64,
+        writes_by_stability: after
+            .writes_by_stability
+            .iter()
+            .map(|(stable, a)| (stable.clone(), (a - before.writes_by_stability.get(stable).copied().unwrap_or(0.0)).max(0.0) as u64))
+            .filter(|&(_, n)| n > 0)
+            .collect(),
     }
 }
 

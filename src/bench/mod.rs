@@ -359,6 +359,33 @@ struct Runner {
     server_before: Option<metrics::Snapshot>,
 }
 
+/// A figure an nfsh loop reported: missing is an error, not a zero that would make up a
+/// rate (no seconds: billions of operations a second).
+fn reported(v: &serde_json::Value, key: &str) -> Result<f64> {
+    v[key].as_f64().ok_or_else(|| anyhow!("nfsh reported no {key:?}: {v}"))
+}
+
+/// The seconds an nfsh loop took, which must be more than none.
+fn reported_seconds(v: &serde_json::Value) -> Result<f64> {
+    Some(reported(v, "seconds")?).filter(|&s| s > 0.0).ok_or_else(|| anyhow!("nfsh reported no time taken: {v}"))
+}
+
+/// A job labelled stable (fio `sync=1`) must have sent stable WRITEs only, where the
+/// server counts them (nasd's metrics): a fio without the rig's patch ignores `sync=1`
+/// with the libnfs engine, and its figure would be of unstable writes under a stable
+/// label.
+fn stable_writes_were_stable(job: &Job, server: Option<&metrics::ServerFigures>) -> Result<()> {
+    let shape = match &job.kind {
+        JobKind::Fio(shape) | JobKind::Scale { shape, .. } | JobKind::Iozone { shape, .. } => shape,
+        JobKind::Meta { .. } => return Ok(()),
+    };
+    let unstable = server.and_then(|s| s.writes_by_stability.get("unstable")).copied().unwrap_or(0);
+    if shape.sync && unstable > 0 {
+        bail!("{unstable} UNSTABLE WRITEs in a job of stable writes: this fio ignores --sync=1 with the nfs engine (build it with tests/rig/fio-libnfs-sync.patch)");
+    }
+    Ok(())
+}
+
 impl Runner {
     fn save_raw(&self, tag: &str, text: &str) {
         let _ = std::fs::write(self.raw.join(format!("{tag}.json")), text);
@@ -522,6 +549,7 @@ impl Runner {
         if let (Some(b), Some(a)) = (self.server_before.take(), t.metrics.and_then(|a| metrics::scrape(a).ok())) {
             m.server = Some(metrics::diff(&b, &a));
         }
+        let r = r.and_then(|()| stable_writes_were_stable(job, m.server.as_ref()));
         if let Err(e) = r {
             m.error = Some(format!("{e:#}"));
             eprintln!("bench:   {} failed: {e:#}", t.name);
@@ -671,8 +699,7 @@ impl Runner {
                 m.cpu = Some(window.finish());
                 m.commands.push(cmd);
                 self.save_raw(&tag(""), &v.to_string());
-                let ops = v[count_key].as_f64().unwrap_or(0.0);
-                let secs = v["seconds"].as_f64().unwrap_or(0.0);
+                let (ops, secs) = (reported(&v, count_key)?, reported_seconds(&v)?);
                 if *op == MetaOp::Readdir && ops != *files as f64 {
                     bail!("readdir found {ops} entries, expected {files}");
                 }
@@ -731,7 +758,7 @@ impl Runner {
                 }
             }
             let n = |k: &str| v[k].as_u64().unwrap_or(0);
-            (local::TreeStats { files: n("files"), dirs: n("dirs"), links: n("links"), bytes: n("bytes") }, v["seconds"].as_f64().unwrap_or(0.0))
+            (local::TreeStats { files: n("files"), dirs: n("dirs"), links: n("links"), bytes: n("bytes") }, reported_seconds(&v)?)
         };
         let with_bytes = op != MetaOp::RemoveTree;
         let want = local::TreeStats { bytes: if with_bytes { src.stats.bytes } else { 0 }, ..src.stats };
@@ -1111,6 +1138,36 @@ mod tests {
         }
         // Each job laid its file out and then ran once.
         assert_eq!(std::fs::read_to_string(&calls).unwrap().lines().count(), 4);
+    }
+
+    #[test]
+    fn a_loop_that_reports_no_count_or_no_time_is_an_error_not_a_rate() {
+        let v = serde_json::json!({"ok": true, "ops": 10, "seconds": 0.5});
+        assert_eq!((reported(&v, "ops").unwrap(), reported_seconds(&v).unwrap()), (10.0, 0.5));
+        assert!(reported(&serde_json::json!({"ok": true, "seconds": 0.5}), "ops").is_err());
+        assert!(reported_seconds(&serde_json::json!({"ok": true, "ops": 10})).is_err());
+        assert!(reported_seconds(&serde_json::json!({"ops": 10, "seconds": 0.0})).is_err());
+    }
+
+    #[test]
+    fn a_stable_write_job_that_sent_unstable_writes_is_an_error() {
+        let scrape = |unstable: u64, file_sync: u64| {
+            metrics::parse(&format!("nasd_write_requests_total{{stable=\"unstable\"}} {unstable}\nnasd_write_requests_total{{stable=\"file_sync\"}} {file_sync}\n"))
+        };
+        let before = scrape(5, 7);
+        let shape = |sync| fio::FioShape { rw: "write".into(), bs: 1 << 20, iodepth: 16, rwmixread: None, size: 1 << 30, runtime: 5, ramp: 1, randrepeat0: false, sync, file: "f.dat".into() };
+        let job = |sync| Job { suite: "s".into(), name: "1m write".into(), group: "g".into(), x: 1.0, metric: Metric::MiBs, kind: JobKind::Fio(shape(sync)) };
+        // An unpatched fio: sync=1 ignored, every WRITE of the timed part unstable.
+        let ignored = metrics::diff(&before, &scrape(105, 7));
+        assert_eq!(ignored.writes_by_stability, [("unstable".to_string(), 100)].into());
+        let err = stable_writes_were_stable(&job(true), Some(&ignored)).expect_err("unstable WRITEs under a stable label");
+        assert!(format!("{err}").contains("100 UNSTABLE WRITEs"), "{err}");
+        // The patched one: FILE_SYNC only.
+        let honoured = metrics::diff(&before, &scrape(5, 107));
+        assert!(stable_writes_were_stable(&job(true), Some(&honoured)).is_ok());
+        // Unstable writes are what an unstable job is for; a server without metrics (Ganesha) cannot tell.
+        assert!(stable_writes_were_stable(&job(false), Some(&ignored)).is_ok());
+        assert!(stable_writes_were_stable(&job(true), None).is_ok());
     }
 
     #[test]

@@ -112,6 +112,8 @@ pub struct Progress {
     /// The connection's request slots and how many it has: each call holds one from
     /// before it is read until its reply is sent, and the reader one while it waits.
     slots: OnceLock<(Arc<Semaphore>, usize)>,
+    /// The reader holds one of those slots, waiting for the next request.
+    reader_holds_slot: AtomicBool,
     /// Closed by the watch already: not again.
     closing: AtomicBool,
     conn: OnceLock<Weak<dyn Watched>>,
@@ -156,6 +158,7 @@ impl Stalls {
             received_at_look: AtomicU64::new(u64::MAX),
             last_request: AtomicU64::new(stamp()),
             slots: OnceLock::new(),
+            reader_holds_slot: AtomicBool::new(false),
             closing: AtomicBool::new(false),
             conn: OnceLock::new(),
         });
@@ -289,10 +292,18 @@ impl Progress {
         let _ = self.slots.set((slots, count));
     }
 
-    /// No call running and no reply waiting: every slot free but the one its reader holds
-    /// while it waits for the next request.
+    /// Whether the reader holds a slot (waiting for the next request) or has handed it
+    /// to a call, or waits for one to be free.
+    pub fn reader_holds_slot(&self, holds: bool) {
+        self.reader_holds_slot.store(holds, Ordering::Relaxed);
+    }
+
+    /// No call running and no reply waiting: every slot free but the one its reader may
+    /// hold while it waits for the next request. (Counted, not assumed: with one slot per
+    /// connection, a call running holds the only one.)
     fn is_idle(&self) -> bool {
-        self.slots.get().is_some_and(|(slots, count)| slots.available_permits() + 1 >= *count)
+        let reader = usize::from(self.reader_holds_slot.load(Ordering::Relaxed));
+        self.slots.get().is_some_and(|(slots, count)| slots.available_permits() + reader >= *count)
     }
 
     /// A request has begun to arrive (it now holds a slot).
@@ -426,6 +437,27 @@ mod tests {
         drop(running);
         assert!(stalls.close_least_recently_used(), "idle once its call is answered");
         assert_eq!(busy_conn.aborted.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn with_one_slot_per_connection_a_call_running_is_not_idle() {
+        let stalls = Stalls::new(Duration::from_secs(5));
+        let conn = Arc::new(FakeConn::default());
+        let reg = watched(&stalls, &conn);
+        let slots = Arc::new(Semaphore::new(1));
+        reg.progress.count_slots(slots.clone(), 1);
+        // The reader took the only slot to wait for a request: idle.
+        let slot = slots.clone().try_acquire_owned().unwrap();
+        reg.progress.reader_holds_slot(true);
+        assert!(reg.progress.is_idle());
+        // It handed the slot to a call: busy until the call is answered.
+        reg.progress.reader_holds_slot(false);
+        assert!(!reg.progress.is_idle(), "a call running on the only slot counted as idle");
+        assert!(!stalls.close_least_recently_used());
+        drop(slot);
+        assert!(reg.progress.is_idle());
+        assert!(stalls.close_least_recently_used());
+        assert_eq!(conn.aborted.load(Ordering::SeqCst), 1);
     }
 
     #[test]

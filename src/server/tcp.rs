@@ -546,6 +546,7 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
         let Some(conn_slot) = batch.flush_before_waiting(slot_unless_given_up(&conn_slots, &mut writer)).await else {
             break Ok(());
         };
+        progress.reader_holds_slot(true);
         // But take the global slot only once the next record has begun to arrive: an idle
         // connection must not hold a slot every other client needs (otherwise
         // max_requests_in_flight idle connections stop the server for everyone).
@@ -624,6 +625,7 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
             Some(Ok(Ok(true))) => {}
         }
         shared.metrics.request_started();
+        progress.reader_holds_slot(false);
         let slots = (conn_slot, global_slot);
         match shared.dispatcher.try_handle_inline(&record, peer, local, Transport::Tcp) {
             Handled::Done(reply) => {

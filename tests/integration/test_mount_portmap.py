@@ -20,7 +20,8 @@ from integration._common import ROOT, make_export, write_exports  # noqa: E402
 def srv(tmp_path_factory):
     export = make_export(tmp_path_factory.mktemp("mount"))
     (export / "sub" / "deeper").mkdir(parents=True)
-    with Nasd(export, args=["--no-root-squash"]) as n:
+    # Loopback named, not `*`: listings (DUMP) over UDP go only to clients a rule names.
+    with Nasd(export, args=["--no-root-squash", "--allow", "127.0.0.0/8"]) as n:
         yield n
 
 
@@ -126,7 +127,7 @@ def test_refused_mount_is_not_listed(srv):
 def test_export_lists_the_export_path(srv):
     with Nfs3Client(srv.host, srv.port, cred=ROOT) as c:
         exports = c.mount_export()
-    assert exports == [(os.path.realpath(srv.export_dir), ["*"])]
+    assert exports == [(os.path.realpath(srv.export_dir), ["127.0.0.0/8"])]
 
 
 def test_export_lists_every_export_of_an_exports_file(tmp_path):
@@ -219,7 +220,7 @@ def test_a_squashed_client_mounts_a_directory_below_one_it_cannot_search(tmp_pat
 def pmap_srv(tmp_path_factory):
     export = make_export(tmp_path_factory.mktemp("pmap"))
     pport = free_port()
-    with Nasd(export, args=["--portmap", "--portmap-port", str(pport), "--no-root-squash"]) as n:
+    with Nasd(export, args=["--portmap", "--portmap-port", str(pport), "--no-root-squash", "--allow", "127.0.0.0/8"]) as n:
         n.pmap_port = pport
         yield n
 

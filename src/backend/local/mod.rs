@@ -2117,8 +2117,14 @@ mod tests {
         for i in 0..100 {
             std::fs::write(dir.join(format!("f{i:03}")), b"").expect("create");
         }
+        ten_listed(fs, &fs.root())
+    }
+
+    /// Lists the first ten entries of `dir` (the rest of the stream is parked) and returns
+    /// the cookie the listing ended at.
+    fn ten_listed(fs: &LocalFs, dir: &ObjectId) -> u64 {
         let (mut cookie, mut n) = (0, 0);
-        fs.readdir(&Cred::root(), &fs.root(), 0, false, usize::MAX, &mut |e: DirEntry<'_>| {
+        fs.readdir(&Cred::root(), dir, 0, false, usize::MAX, &mut |e: DirEntry<'_>| {
             n += 1;
             if n > 10 {
                 return false;
@@ -2171,23 +2177,9 @@ mod tests {
         let (sub_id, attr) = outer.lookup(&cred, &outer.root(), b"sub").expect("lookup sub");
         let times = (attr.ctime, attr.mtime);
         // Ten entries listed through the outer export: the rest of the stream is parked.
-        let list_ten = || {
-            let (mut cookie, mut n) = (0, 0);
-            outer
-                .readdir(&cred, &sub_id, 0, false, usize::MAX, &mut |e: DirEntry<'_>| {
-                    n += 1;
-                    if n > 10 {
-                        return false;
-                    }
-                    cookie = e.cookie;
-                    true
-                })
-                .expect("readdir");
-            cookie
-        };
-        let cookie = list_ten();
+        let cookie = ten_listed(&outer, &sub_id);
         assert!(outer.dir_streams.take(&sub_id, cookie, &cred, times, outer.entry_changes(attr.fileid)).is_some(), "nothing changed: the stream goes on");
-        let cookie = list_ten();
+        let cookie = ten_listed(&outer, &sub_id);
         inner.create(&cred, &inner.root(), b"new", &CreateHow::Guarded(SetAttrs::default())).durable().expect("create");
         // As if the directory's times had not moved (one coarse tick).
         assert!(
