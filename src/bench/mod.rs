@@ -527,7 +527,7 @@ impl Runner {
             let values: Vec<&serde_json::Value> = runs.iter().map(|(_, v)| v).collect();
             self.save_raw(tag, &serde_json::json!(values).to_string());
             m.commands.extend(runs.iter().map(|(cmd, _)| cmd.clone()));
-            let ops: f64 = values.iter().map(|v| v["ops"].as_f64().unwrap_or(0.0)).sum();
+            let ops: f64 = values.iter().map(|v| reported(v, "ops")).sum::<Result<f64>>()?;
             (ops as u64, concurrent_span(&values)?)
         };
         if ops != expected {

@@ -57,6 +57,19 @@ pub enum ClientSpec {
     Wildcard(String),
 }
 
+impl ClientSpec {
+    /// Whether the spec admits every address: `*`, a network of prefix 0, or an address
+    /// pattern of nothing but `*` and separators (`*.*.*.*`).
+    pub fn admits_every_address(&self) -> bool {
+        match self {
+            ClientSpec::Anyone => true,
+            ClientSpec::Network(_, prefix) => *prefix == 0,
+            ClientSpec::Wildcard(p) => is_address_pattern(p) && p.chars().all(|c| matches!(c, '*' | '.' | ':')),
+            ClientSpec::Address(_) | ClientSpec::Host(..) => false,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientRule {
     pub spec: ClientSpec,
@@ -422,11 +435,8 @@ impl Export {
     /// is in, a wildcard its address or cached name matches), not `*` alone, which admits
     /// every address, forged ones too.
     pub fn names(&self, client: IpAddr) -> bool {
-        let found = match self.best_rule(client, |ip| client_name(ip, false)) {
-            Ok(found) => found,
-            Err(NameNotResolved) => self.best_rule(client, |_| Ok(None)).ok().flatten(),
-        };
-        found.is_some_and(|(rank, _)| rank > ANYONE_RANK)
+        let narrower = Export { rules: self.rules.iter().filter(|r| !r.spec.admits_every_address()).cloned().collect(), ..self.clone() };
+        narrower.admits(client)
     }
 
     /// [`Self::options_for`] with the client's name (for wildcard rules) from `name`, which
@@ -436,15 +446,6 @@ impl Export {
         client: IpAddr,
         name: impl FnOnce(IpAddr) -> Result<Option<String>, NameNotResolved>,
     ) -> Result<Option<&ExportOptions>, NameNotResolved> {
-        Ok(self.best_rule(client, name)?.map(|(_, options)| options))
-    }
-
-    /// The rank and options of the rule that admits `client` ([`Self::options_for`]).
-    fn best_rule(
-        &self,
-        client: IpAddr,
-        name: impl FnOnce(IpAddr) -> Result<Option<String>, NameNotResolved>,
-    ) -> Result<Option<(u32, &ExportOptions)>, NameNotResolved> {
         let mut best: Option<(u32, &ExportOptions)> = None;
         for rule in &self.rules {
             let rank = match &rule.spec {
@@ -459,7 +460,7 @@ impl Export {
             }
         }
         if best.is_some_and(|(b, _)| b >= WILDCARD_RANK) {
-            return Ok(best);
+            return Ok(best.map(|(_, o)| o));
         }
         // The first wildcard on the line that matches wins. The address text and the name
         // are made only when a pattern needs them: most exports have no wildcard, and this
@@ -485,7 +486,7 @@ impl Export {
                 break;
             }
         }
-        Ok(best)
+        Ok(best.map(|(_, o)| o))
     }
 }
 
@@ -716,8 +717,17 @@ mod tests {
         assert!(e.admits(ip("203.0.113.9")) && !e.names(ip("203.0.113.9")), "only * admits it");
         assert!(e.names(ip("10.2.3.4")), "its network names it");
         assert!(e.names(ip("192.168.7.7")), "an address wildcard names it");
-        let no_anyone = Export { rules: e.rules[1..].to_vec(), ..e };
+        let no_anyone = Export { rules: e.rules[1..].to_vec(), ..e.clone() };
         assert!(!no_anyone.admits(ip("203.0.113.9")) && !no_anyone.names(ip("203.0.113.9")));
+        // Rules written another way that admit every address name no one either.
+        for (everyone, client) in [
+            (ClientSpec::Network("0.0.0.0".parse().unwrap(), 0), "203.0.113.9"),
+            (ClientSpec::Network("::".parse().unwrap(), 0), "2001:db8::9"),
+            (ClientSpec::Wildcard("*.*.*.*".into()), "203.0.113.9"),
+        ] {
+            let wide = Export { rules: vec![rule(everyone.clone(), false)], ..e.clone() };
+            assert!(wide.admits(ip(client)) && !wide.names(ip(client)), "{everyone:?}");
+        }
     }
 
     #[test]

@@ -42,7 +42,8 @@ pub struct Limits {
     /// Close a connection that sends nothing for this long.
     pub idle_timeout_secs: u64,
     /// Close a connection whose replies cannot be sent for this long, or whose request,
-    /// once started, takes longer than this to arrive.
+    /// once started, takes longer than this to arrive. Also how long a stop waits for
+    /// calls still running.
     pub write_timeout_secs: u64,
     /// While requests wait for a free slot: close a connection stalled this long with
     /// slots, its replies not taken or its request not arriving (see `server::stalls`;

@@ -140,7 +140,9 @@ fn lock_state_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
             ))
             .into());
         }
-        return Err(e).with_context(|| format!("locking {}", path.display()));
+        // A file system that cannot lock (NFS without lockd): serve, as before there was a
+        // lock, and say what is not guarded.
+        tracing::warn!(state_dir = %dir.display(), error = %e, "cannot lock the state directory: nothing stops a second server from using it too");
     }
     Ok(file)
 }

@@ -649,6 +649,8 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
         }
     };
     batch.flush();
+    // The reader's slot went with the loop: what is held now is calls'.
+    progress.reader_holds_slot(false);
     // Let the calls still running finish and their replies go out (bounded by the write
     // timeout), then close.
     let _ = tokio::time::timeout(write_timeout, conn_slots.acquire_many(per_conn as u32)).await;

@@ -310,6 +310,27 @@ mod tests {
     }
 
     #[test]
+    fn listings_are_told_from_their_call_header() {
+        let call = |prog, vers, proc| {
+            let mut w = XdrWriter::new();
+            crate::rpc::message::encode_call(&mut w, 7, prog, vers, proc, &crate::rpc::auth::Credential::None);
+            w.into_inner()
+        };
+        let (pmap, mount, nfs) = (crate::portmap::PROGRAM, crate::mount3::PROGRAM, crate::nfs3::xdr::PROGRAM);
+        for vers in [2, 3, 4] {
+            assert!(is_listing(&call(pmap, vers, 4)), "portmap v{vers} DUMP");
+            assert!(!is_listing(&call(pmap, vers, 3)), "portmap v{vers} GETPORT/GETADDR");
+        }
+        assert!(is_listing(&call(mount, 3, crate::mount3::proc::DUMP)));
+        assert!(is_listing(&call(mount, 3, crate::mount3::proc::EXPORT)));
+        assert!(!is_listing(&call(mount, 3, crate::mount3::proc::MNT)));
+        assert!(!is_listing(&call(nfs, 3, 4)), "NFS procedure 4 is ACCESS");
+        assert!(!is_listing(&call(nfs, 3, 5)));
+        let cut = call(pmap, 2, 4);
+        assert!(!is_listing(&cut[..22]), "a header cut short is no listing");
+    }
+
+    #[test]
     fn a_call_cut_short_gets_no_refusal_larger_than_itself() {
         // 8 bytes (xid and CALL) draw a 20-byte AUTH_BADCRED; its 20-byte refusal would
         // still reflect more than came in.

@@ -395,7 +395,7 @@ def test_a_hung_file_system_mounted_inside_the_export_holds_no_listing_or_lookup
     """A file system mounted inside the export whose server hangs (here a FUSE daemon that
     never answers) is not served, and must not be waited on either: READDIRPLUS of the
     directory it is mounted in lists its name at once (without a handle: the client
-    looks it up), and LOOKUP of it answers ACCES at once. Asking it for fresh attributes
+    looks it up), LOOKUP of it answers ACCES at once, and a CREATE of its name is refused at once. Asking it for fresh attributes
     of its root would hold both for as long as it hangs, for an answer thrown away."""
     if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
         pytest.skip("a FUSE mount needs root and /dev/fuse")
@@ -414,6 +414,9 @@ def test_a_hung_file_system_mounted_inside_the_export_holds_no_listing_or_lookup
             assert listed["hung"][4] is None, "the mount point was given a handle"
             r = cl.lookup(dirfh, "hung")
             assert r.status == rpc.NFS3ERR_ACCES, f"LOOKUP of the mount point answered {r.status}"
+            # A CREATE of the name opens what is there: refused too, without waiting.
+            r = cl.create(dirfh, "hung", how="unchecked")
+            assert not r.ok, "CREATE over a mount point succeeded"
             assert cl.lookup(dirfh, "plain").ok
         # Unmounted, the plain directory is served again.
         assert cl.lookup(dirfh, "hung").ok

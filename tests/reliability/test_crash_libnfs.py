@@ -214,13 +214,15 @@ def test_fsx_goes_on_through_connections_cut_mid_record(export, tmp_path):
         # MOUNT goes straight to nasd: only NFS calls and replies pass the cutter.
         url = srv.url().replace(f"nfsport={srv.port}", f"nfsport={cutter.port}")
         p = nfsh_popen(url, "fsx", "/fsx", 3000, SEED, "8m", tmp_path / "model",
-                       env={"NFSH_TIMEOUT_MS": 10000})
+                       env={"NFSH_TIMEOUT_MS": 10000, "NFSH_RETRY_FIRST_MOUNT": 1})
         lines = exerciser_lines(p, "fsx through cut connections", timeout=300)
         res = lines[-1]
         assert srv.alive(), "nasd died"
     assert res["ok"] is True and res["ops"] == 3000, res
-    # Only the relay breaks connections: nasd ends none, whatever it was sent.
+    # Only the relay breaks connections: nasd ends none, whatever it was sent, and
+    # refuses none.
     assert cutter.ended_by_server == 0, f"nasd ended {cutter.ended_by_server} connections"
+    assert cutter.upstream_refused == 0, f"nasd refused {cutter.upstream_refused} connections"
     # A first mount is never cut (its calls are small), but one whose connection failed
     # otherwise (nfsh says how on stderr) is tried again: not a call sent again.
     first_mounts_again = [line for line in lines if line.get("op") == "first-mount"]

@@ -696,24 +696,26 @@ impl LocalFs {
     /// Handle and attributes of the object an `O_PATH` descriptor holds; refuses other
     /// filesystems.
     fn entry_of(&self, fd: OwnedFd) -> VfsResult<(ObjectId, Attr, OwnedFd)> {
-        let st = sys::statx(fd.as_raw_fd(), c"", libc::AT_EMPTY_PATH)?;
+        // An existing name a CREATE opened may have another file system mounted on it.
+        let st = self.stat_entry(fd.as_raw_fd(), c"", libc::AT_EMPTY_PATH)?;
         let id = self.handle_for(fd.as_raw_fd(), c"", libc::AT_EMPTY_PATH, &st, true)?;
         Ok((id, sys::attr_from_statx(&st, self.fsid), fd))
     }
 
-    /// `statx` of the entry `name` in `dirfd` that does not wait on a file system mounted
+    /// `statx` of the entry `name` in `dirfd` (with `AT_EMPTY_PATH` in `flags`: of what
+    /// `dirfd` holds, an entry just opened) that does not wait on a file system mounted
     /// on it: an NFS mount whose server is down, or a FUSE daemon that hangs, would
     /// otherwise hold a LOOKUP or a listing of the directory (and its thread) for as
     /// long, only for the answer to be thrown away, as nothing past a mount is served.
     /// `AT_STATX_DONT_SYNC` has such a file system answer from its cache. Where the
     /// export's own file system is one of those, an entry found on it is asked again
     /// without the flag, for attributes as fresh as the server's.
-    fn stat_entry(&self, dirfd: RawFd, name: &CStr) -> VfsResult<libc::statx> {
-        let st = sys::statx(dirfd, name, libc::AT_STATX_DONT_SYNC)?;
+    fn stat_entry(&self, dirfd: RawFd, name: &CStr, flags: libc::c_int) -> VfsResult<libc::statx> {
+        let st = sys::statx(dirfd, name, flags | libc::AT_STATX_DONT_SYNC)?;
         if self.attributes_are_local || sys::statx_dev(&st) != self.root_dev {
             return Ok(st);
         }
-        sys::statx(dirfd, name, 0)
+        sys::statx(dirfd, name, flags)
     }
 
     /// The cached handle of the object `st` describes, if it is on the export's mount and
@@ -774,7 +776,7 @@ impl LocalFs {
         }
         let c = if is_dot_or_dotdot(name) { CString::new(name).expect("no NUL") } else { sys::component(name)? };
         // An object looked up before and still open costs one `statx`, not an open.
-        let st = self.stat_entry(dir.path_fd.as_raw_fd(), &c)?;
+        let st = self.stat_entry(dir.path_fd.as_raw_fd(), &c, 0)?;
         if sys::statx_dev(&st) != self.root_dev {
             // Another file system mounted on the name: refused without opening it, as
             // nothing on it is served (`handle_for`).
@@ -1673,7 +1675,7 @@ impl LocalFs {
     /// Handle and attributes of a directory entry for READDIRPLUS; `None` when the entry
     /// vanished or is a mount point (the client then looks it up).
     fn entry_plus(&self, dir_fd: &OwnedFd, name: &CStr) -> Option<(ObjectId, Attr)> {
-        let st = self.stat_entry(dir_fd.as_raw_fd(), name).ok()?;
+        let st = self.stat_entry(dir_fd.as_raw_fd(), name, 0).ok()?;
         let id = self.handle_for(dir_fd.as_raw_fd(), name, 0, &st, false).ok()?;
         Some((id, sys::attr_from_statx(&st, self.fsid)))
     }
