@@ -107,6 +107,25 @@ impl Default for ChangeCounters {
 }
 
 impl ChangeCount {
+    /// The lock a change of the entries of the directory with inode number `fileid` holds.
+    fn entry_lock(&self, fileid: u64) -> &parking_lot::Mutex<()> {
+        &self.0.entry_locks[entry_lock_slot(fileid)]
+    }
+
+    /// The lock a SETATTR of the non-directory with inode number `fileid` holds.
+    fn attr_lock(&self, fileid: u64) -> &parking_lot::Mutex<()> {
+        &self.0.attr_locks[entry_lock_slot(fileid)]
+    }
+
+    /// Entry changes made so far to the directory `fileid` (and those sharing its lock).
+    fn entry_changes(&self, fileid: u64) -> u64 {
+        self.0.entry_changes[entry_lock_slot(fileid)].load(Ordering::SeqCst)
+    }
+
+    fn count_entry_change(&self, fileid: u64) {
+        self.0.entry_changes[entry_lock_slot(fileid)].fetch_add(1, Ordering::SeqCst);
+    }
+
     /// A mark of this moment if no modifying call is running (`None` otherwise): work
     /// begun now is still valid while the mark is the same.
     fn quiet_mark(&self) -> Option<u64> {
@@ -506,7 +525,7 @@ impl LocalFs {
     /// The count of entry changes made through nasd to `dir` (and the directories that
     /// share its lock).
     fn entry_changes(&self, dir: u64) -> u64 {
-        self.changes.0.entry_changes[entry_lock_slot(dir)].load(Ordering::SeqCst)
+        self.changes.entry_changes(dir)
     }
 
     fn modifying(&self) -> Modifying<'_> {
@@ -958,7 +977,7 @@ impl LocalFs {
         let before: [Option<PreOpAttr>; N] = std::array::from_fn(|i| self.stat(dirs[i].0).ok().map(|a| PreOpAttr::from(&a)));
         let done = change()?;
         for &(_, fileid) in &dirs {
-            self.changes.0.entry_changes[entry_lock_slot(fileid)].fetch_add(1, Ordering::SeqCst);
+            self.changes.count_entry_change(fileid);
         }
         let wcc = std::array::from_fn(|i| Wcc { before: before[i], after: self.stat(dirs[i].0).ok() });
         drop(locked);
@@ -1101,9 +1120,8 @@ impl Vfs for LocalFs {
         // for a directory, entry change) falls between them and the post-op ones. WRITE
         // does not take it: knfsd's inode lock covers writes too, but holding one per
         // object for every WRITE would serialise a file's concurrent writes.
-        let shared = &self.changes.0;
-        let locks = if resolved.kind == FileKind::Directory { &shared.entry_locks } else { &shared.attr_locks };
-        let locked = locks[entry_lock_slot(resolved.fileid)].lock();
+        let lock = if resolved.kind == FileKind::Directory { self.changes.entry_lock(resolved.fileid) } else { self.changes.attr_lock(resolved.fileid) };
+        let locked = lock.lock();
         let before = self.stat(&obj)?;
         if let Some(ct) = guard_ctime {
             if ct != before.ctime {
@@ -1862,7 +1880,7 @@ mod tests {
         let made = fs.mkdir(&root, &fs.root(), b"d", &SetAttrs::default()).durable().expect("mkdir d");
         // What a SETATTR truncating a large file holds for seconds, for every file that
         // shares this directory's inode number modulo the lock count.
-        let truncating = fs.changes.0.attr_locks[entry_lock_slot(made.attr.fileid)].lock();
+        let truncating = fs.changes.attr_lock(made.attr.fileid).lock();
         let (done_tx, done) = std::sync::mpsc::channel();
         let created = std::thread::scope(|s| {
             s.spawn(|| {
