@@ -10,12 +10,15 @@ use crate::xdr::{XdrReader, XdrResult, XdrWriter};
 use std::path::Component;
 use std::sync::Arc;
 
+mod list;
+pub use list::MountList;
+
 pub const PROGRAM: u32 = 100005;
 pub const VERSION: u32 = 3;
 const MNTPATHLEN: usize = 1024;
 /// Mounts DUMP lists per client address, and in all.
-const MOUNTS_PER_CLIENT: usize = 64;
-const MOUNTS_LISTED: usize = 4096;
+pub const MOUNTS_PER_CLIENT: usize = 64;
+pub const MOUNTS_LISTED: usize = 4096;
 /// Bytes of mount entries one DUMP reply carries at most: the list is informational, and
 /// its reply must not outgrow the others. Over UDP, what fits one datagram.
 const DUMP_REPLY_MAX: usize = 256 * 1024;
@@ -195,21 +198,11 @@ impl Mount3 {
         Ok(self.state.file_handle(&rt, &obj))
     }
 
-    /// Adds a mount to the list DUMP reports. The list is informational (clients do not
-    /// rely on it), so past a bound per client and in all, new mounts are left out of it
-    /// rather than let one client grow it without limit.
+    /// Adds a mount to the list DUMP reports, which is bounded ([`MountList`]).
     fn remember_mount(&self, host: String, path: String) {
-        let mut mounts = self.state.mounts.lock();
-        let key = (host, path);
-        if mounts.contains(&key) {
-            return;
+        if let Some((host, path)) = self.state.mounts.lock().add(host, path) {
+            tracing::debug!(client = %host, path = %path, "mount list full; the mount listed longest ago is left out");
         }
-        let of_client = mounts.range((key.0.clone(), String::new())..).take_while(|(h, _)| *h == key.0).count();
-        if of_client >= MOUNTS_PER_CLIENT || mounts.len() >= MOUNTS_LISTED {
-            tracing::debug!(client = %key.0, path = %key.1, "mount list full; this mount is not listed");
-            return;
-        }
-        mounts.insert(key);
     }
 
     fn dump(&self, ctx: &CallContext, out: &mut XdrWriter) {
@@ -273,11 +266,10 @@ impl RpcProgram for Mount3 {
             Args::Dump => self.dump(ctx, out),
             Args::Umnt(path) => {
                 let path = listed_path(&String::from_utf8_lossy(path));
-                self.state.mounts.lock().remove(&(ctx.peer.ip().to_string(), path));
+                self.state.mounts.lock().remove(&ctx.peer.ip().to_string(), &path);
             }
             Args::UmntAll => {
-                let ip = ctx.peer.ip().to_string();
-                self.state.mounts.lock().retain(|(h, _)| *h != ip);
+                self.state.mounts.lock().remove_client(&ctx.peer.ip().to_string());
             }
             Args::Export => self.export_list(out),
         }

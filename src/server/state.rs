@@ -7,7 +7,7 @@ use crate::metrics::Metrics;
 use crate::rpc::CallContext;
 use crate::vfs::{Cred, ObjectId, Vfs, VfsError};
 use parking_lot::{Mutex, RwLock};
-use std::collections::BTreeSet;
+use crate::mount3::MountList;
 use std::sync::Arc;
 
 /// The exports being served. A reload replaces the whole list at once; a call keeps the
@@ -26,7 +26,7 @@ pub struct ServerState {
     exports: RwLock<ExportList>,
     pub handle_key: HandleKey,
     /// (client address, mounted path) pairs for MOUNT DUMP.
-    pub mounts: Mutex<BTreeSet<(String, String)>>,
+    pub mounts: Mutex<MountList>,
     pub metrics: Arc<Metrics>,
     /// The port NFS and MOUNT are served on (for the portmapper).
     pub nfs_port: Arc<std::sync::atomic::AtomicU16>,
@@ -46,7 +46,7 @@ impl ServerState {
         Self {
             exports: RwLock::new(Arc::new(exports.into_iter().map(Arc::new).collect())),
             handle_key,
-            mounts: Mutex::new(BTreeSet::new()),
+            mounts: Mutex::new(MountList::new(crate::mount3::MOUNTS_PER_CLIENT, crate::mount3::MOUNTS_LISTED)),
             metrics,
             nfs_port: Arc::new(std::sync::atomic::AtomicU16::new(0)),
         }
