@@ -134,6 +134,13 @@ struct Found {
     this_boot: bool,
 }
 
+/// Sorts `found` by sequence number and drops all but the newest `count`.
+fn keep_newest(found: &mut Vec<Found>, count: usize) {
+    found.sort_by_key(|f| f.seq);
+    let excess = found.len().saturating_sub(count);
+    found.drain(..excess);
+}
+
 /// The kernel's boot id, hashed to 16 bytes; `None` where it cannot be read.
 fn kernel_boot() -> Option<[u8; 16]> {
     let id = std::fs::read_to_string(KERNEL_BOOT_ID).ok()?;
@@ -242,12 +249,43 @@ impl Journal {
             .custom_flags(libc::O_NOFOLLOW)
             .open(path)?;
         let slots = slots.max(1);
-        let mut bytes = Vec::new();
-        (&mut file).take((slots * SLOT) as u64).read_to_end(&mut bytes)?;
-        file.set_len((slots * SLOT) as u64)?;
+        let laid_out = (slots * SLOT) as u64;
+        let length = file.metadata()?.len();
         let mut journal = Journal { file, slots: slots as u64, next: AtomicU64::new(0), warned: AtomicBool::new(false), boot };
-        let mut found: Vec<_> = bytes.chunks_exact(SLOT).filter_map(|slot| journal.decode(slot)).collect();
-        found.sort_by_key(|f| f.seq);
+        // Read slot by slot (a journal of another slot count can be of any size), keeping
+        // the newest `slots` replies.
+        let mut found = Vec::new();
+        let mut reader = std::io::BufReader::with_capacity(64 * SLOT, (&journal.file).take(length - length % SLOT as u64));
+        let mut slot = vec![0u8; SLOT];
+        loop {
+            match reader.read_exact(&mut slot) {
+                Ok(()) => found.extend(journal.decode(&slot)),
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+                Err(e) => return Err(e),
+            }
+            if found.len() >= 2 * slots {
+                keep_newest(&mut found, slots);
+            }
+        }
+        drop(reader);
+        keep_newest(&mut found, slots);
+        if length != laid_out && length != 0 {
+            // A reply's slot is its sequence number modulo the slot count, which is not
+            // the one this file was written with: lay the replies out anew, numbered from
+            // 0 in their order, or they would be read from and cleared in wrong slots.
+            tracing::info!(replies = found.len(), slots, "the duplicate request journal was laid out for another number of entries: rewritten");
+            journal.file.set_len(0)?;
+            journal.file.set_len(laid_out)?;
+            // A reply put aside by an earlier boot is dropped when read anyway; the rest
+            // are written with this boot's id, which they had or do not depend on.
+            found.retain(|f| f.kept == Kept::Durable || f.this_boot);
+            for (seq, f) in found.iter_mut().enumerate() {
+                f.seq = seq as u64;
+                let slot = journal.encode(f.seq, &f.key, &f.reply, f.kept).expect("a reply read from a slot fits one");
+                journal.file.write_all_at(&slot, f.seq * SLOT as u64)?;
+            }
+            journal.file.sync_data()?;
+        }
         journal.next = AtomicU64::new(found.last().map_or(0, |f| f.seq + 1));
         Ok((journal, found))
     }
@@ -700,6 +738,59 @@ mod tests {
         assert_eq!(drc.begin(&key(6, b"a")), Lookup::New);
         assert_eq!(drc.begin(&key(20, b"a")), Lookup::Replay(reply(vec![20; 10])));
         assert_eq!(drc.begin(&key(9, b"a")), Lookup::Replay(reply(vec![9; 50])));
+    }
+
+    #[test]
+    fn a_journal_opened_with_more_slots_keeps_its_replies_in_their_new_slots() {
+        let (_dir, path) = scratch_journal();
+        {
+            let drc = DuplicateRequestCache::with_journal_of_boot(4, &path, BOOT, || true).unwrap();
+            for x in 0..7 {
+                completed(&drc, &key(x, b"a"), vec![x as u8; 40], true);
+            }
+        }
+        // Put aside by a process that died before its sync, in a boot since lost: the
+        // next process drops it. Laid out for 4 slots, it sits in slot 7 % 4 = 3.
+        killed_during_the_sync(&path, BOOT, &key(99, b"a"), &[99; 40]);
+        // Opened with 5 slots, in another boot, twice: clearing the dropped reply must not
+        // wipe a kept one (with the old layout it went to slot 7 % 5 = 2, XID 4's).
+        for _ in 0..2 {
+            let drc = DuplicateRequestCache::with_journal_of_boot(5, &path, NEXT_BOOT, || panic!("nothing of this boot to settle")).unwrap();
+            for x in 4..7 {
+                assert_eq!(drc.begin(&key(x, b"a")), Lookup::Replay(reply(vec![x as u8; 40])), "xid {x}");
+            }
+            assert_eq!(drc.begin(&key(99, b"a")), Lookup::New);
+            assert_eq!(std::fs::metadata(&path).unwrap().len(), 5 * SLOT as u64);
+        }
+        // Replies written in the new layout are read back with the others.
+        {
+            let drc = DuplicateRequestCache::with_journal_of_boot(5, &path, NEXT_BOOT, || true).unwrap();
+            completed(&drc, &key(10, b"a"), vec![10; 40], true);
+        }
+        let drc = DuplicateRequestCache::with_journal_of_boot(5, &path, NEXT_BOOT, || true).unwrap();
+        for x in [4, 5, 6, 10] {
+            assert_eq!(drc.begin(&key(x, b"a")), Lookup::Replay(reply(vec![x as u8; 40])), "xid {x}");
+        }
+    }
+
+    #[test]
+    fn a_journal_opened_with_fewer_slots_keeps_its_newest_replies() {
+        let (_dir, path) = scratch_journal();
+        {
+            let drc = DuplicateRequestCache::with_journal(8, &path, || true).unwrap();
+            for x in 0..14 {
+                completed(&drc, &key(x, b"a"), vec![x as u8; 40], true);
+            }
+        }
+        // Slots 4 and 5 of the old layout hold XIDs 12 and 13, the newest.
+        let drc = DuplicateRequestCache::with_journal(4, &path, || true).unwrap();
+        for x in 10..14 {
+            assert_eq!(drc.begin(&key(x, b"a")), Lookup::Replay(reply(vec![x as u8; 40])), "xid {x}");
+        }
+        for x in 6..10 {
+            assert_eq!(drc.begin(&key(x, b"a")), Lookup::New, "xid {x} is older than the 4 kept");
+        }
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 4 * SLOT as u64);
     }
 
     /// A journal path in a directory of its own, removed when the directory is dropped.

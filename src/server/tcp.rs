@@ -596,6 +596,10 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
         if let Some(started) = wait_started {
             last_wait = Some(started.elapsed());
         }
+        // A request has begun: the connection is no longer idle, and the slot is the
+        // request's (not to be lost to a new connection at the limit; one that stops
+        // arriving is the stall watch's to close).
+        progress.reader_holds_slot(false);
         let global_wait = async {
             tokio::select! {
                 biased;
@@ -625,7 +629,6 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
             Some(Ok(Ok(true))) => {}
         }
         shared.metrics.request_started();
-        progress.reader_holds_slot(false);
         let slots = (conn_slot, global_slot);
         match shared.dispatcher.try_handle_inline(&record, peer, local, Transport::Tcp) {
             Handled::Done(reply) => {

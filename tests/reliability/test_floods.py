@@ -20,7 +20,7 @@ import time
 import pytest
 
 from rig.nasd import Nasd, free_port
-from rig.rpc import Nfs3Client, auth_sys, build_call, frame, nfs3_args, NFS3_OK, NFS_PROG, NFS_V3
+from rig.rpc import Nfs3Client, auth_sys, build_call, decode_result, frame, nfs3_args, NFS3_OK, NFS_PROG, NFS_V3
 
 RSS_LIMIT_KIB = 512 * 1024
 LAT_FACTOR, LAT_SLACK = 20.0, 0.050
@@ -408,6 +408,42 @@ def test_idle_connections_at_the_limit_do_not_keep_clients_out(tmp_path):
                 assert srv.alive()
             finally:
                 for s in hogs:
+                    s.close()
+
+
+def test_a_request_half_sent_at_the_limit_is_not_closed_for_a_new_connection(tmp_path):
+    """At max_connections, a new connection closes the idle connection used least
+    recently. A connection whose request has begun to arrive is not idle, even if it is
+    the oldest: its WRITE is completed and answered, and an idle one makes room."""
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "f").write_bytes(b"")
+    config = tmp_path / "nasd.toml"
+    config.write_text("[limits]\nmax_connections = 4\n")
+    with Nasd(export, args=["--no-root-squash", "--config", config]) as srv:
+        with Nfs3Client("127.0.0.1", srv.port, cred=auth_sys(0, 0), timeout=10) as writer:
+            root = writer.root(str(export))
+            fh = writer.lookup(root, "f").fh
+            data = bytes(range(256)) * 1024
+            xid, msg = writer.build(NFS_PROG, NFS_V3, 7, nfs3_args.write(fh, 0, data))
+            record = frame(msg)
+            writer.send_raw(record[:1000])  # the WRITE has begun to arrive, and stops
+            time.sleep(0.05)
+            idle = []
+            try:
+                for _ in range(3):
+                    idle.append(socket.create_connection(("127.0.0.1", srv.port), timeout=10))
+                    time.sleep(0.05)
+                with Nfs3Client("127.0.0.1", srv.port, cred=auth_sys(0, 0), timeout=10) as newcomer:
+                    assert newcomer.getattr(root).status == NFS3_OK
+                writer.send_raw(record[1000:])
+                assert decode_result(7, writer.wait_xid(xid)).status == NFS3_OK
+                assert (export / "f").read_bytes() == data
+                closed = [closed_within(s, 0.2) for s in idle]
+                print(f"idle connections closed: {closed}")
+                assert closed[0], "the oldest idle connection made room"
+            finally:
+                for s in idle:
                     s.close()
 
 
