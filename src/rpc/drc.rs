@@ -240,7 +240,7 @@ impl Journal {
     fn open(path: &Path, slots: usize, boot: Option<[u8; 16]>) -> std::io::Result<(Journal, Vec<Found>)> {
         use std::io::Read;
         use std::os::unix::fs::OpenOptionsExt;
-        let mut file = std::fs::OpenOptions::new()
+        let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)

@@ -132,7 +132,7 @@ struct Outgoing {
     _slots: (OwnedSemaphorePermit, OwnedSemaphorePermit),
 }
 
-/// Zeros for XDR padding and for file data that vanished before it could be sent.
+/// Zeros for XDR padding.
 static ZEROS: [u8; 4096] = [0; 4096];
 
 /// One stretch of a reply still to be sent. Raw pointers (into the reply, which the batch
@@ -313,7 +313,19 @@ impl ReplySink {
                             }
                             iov.clear();
                         }
-                        let n = self.send_file(fd, offset, len)?;
+                        let n = match self.send_file(fd, offset, len) {
+                            Ok(n) => n,
+                            Err(e) => {
+                                // The record's length is on the wire and its data cannot
+                                // follow: the connection ends, and the file's next READ
+                                // (the client's retransmission) is copied and answered.
+                                if let Some(file) = &batch[i].reply.file {
+                                    file.send_failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                                }
+                                tracing::debug!(error = %e, "a READ reply's data could not be sent from the file; closing the connection");
+                                return Err(e);
+                            }
+                        };
                         batch[i].sent += n;
                         total += n;
                         if n < len {
@@ -352,15 +364,15 @@ impl ReplySink {
     }
 
     /// Sends up to `len` bytes of a file at `offset`; 0 when the socket is full. A file cut
-    /// short since the READ (truncated meanwhile) is made up with zeros: the record's length
-    /// is already on the wire.
+    /// short since the READ (truncated meanwhile) is an error: the reply said those bytes
+    /// were data, and zeros in their place would be data the file never held.
     fn send_file(&self, file: RawFd, offset: u64, len: usize) -> std::io::Result<usize> {
         let sock = self.socket.as_ref().as_raw_fd();
         let mut off = offset as libc::off_t;
         // SAFETY: plain syscall; `off` is a local the kernel advances.
         match self.try_send(|| unsafe { libc::sendfile(sock, file, &mut off, len) })? {
             None => Ok(0),
-            Some(0) if len > 0 => self.send_iov(&[iovec(&ZEROS[..len.min(ZEROS.len())])], 0),
+            Some(0) if len > 0 => Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the file was cut short after its READ was answered")),
             Some(n) => Ok(n),
         }
     }
@@ -745,7 +757,7 @@ mod tests {
             bytes.resize(8 + len, id as u8);
             return Reply { bytes, file: None };
         }
-        let range = crate::vfs::FileRange { fd: file.clone(), offset: file_offset(id) as u64, len };
+        let range = crate::vfs::FileRange { fd: file.clone(), offset: file_offset(id) as u64, len, send_failed: Default::default() };
         Reply { bytes, file: Some(range) }
     }
 
@@ -889,7 +901,7 @@ mod tests {
         for id in [1u32, 2] {
             let mut bytes = (0x8000_0000u32 | 4).to_be_bytes().to_vec();
             bytes.extend_from_slice(&id.to_be_bytes());
-            let range = crate::vfs::FileRange { fd: file.clone(), offset: 0, len: 0 };
+            let range = crate::vfs::FileRange { fd: file.clone(), offset: 0, len: 0, send_failed: Default::default() };
             let reply = Reply { bytes, file: Some(range) };
             sink.submit([Outgoing { reply: Arc::new(reply), sent: 0, _slots: (slot(), slot()) }]);
             // SIOCOUTQNSD: bytes in the send queue not yet sent. Corked bytes stay there
@@ -902,6 +914,47 @@ mod tests {
         let mut got = [0u8; 16];
         (&client).read_exact(&mut got).unwrap();
         assert_eq!(got, [0x80, 0, 0, 4, 0, 0, 0, 1, 0x80, 0, 0, 4, 0, 0, 0, 2]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn file_data_cut_short_after_the_read_ends_the_connection_instead_of_sending_zeros() {
+        // A READ answered from the page cache for 8 KiB; the file is cut to 100 bytes
+        // before the data is sent. The reply's header already says 8 KiB of data: the
+        // connection must end after what the file still holds, not go on with zeros, and
+        // the file's next READ must be copied (so the retransmission gets the truth).
+        use std::io::Write;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = std::net::TcpStream::connect(addr).unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let (rd, wr) = server.into_split();
+        let stalls = super::super::stalls::Stalls::new(Duration::from_secs(5));
+        let sink = Arc::new(ReplySink::new(wr, stalls.register(addr).progress()));
+        let writer = tokio::spawn(drain_replies(sink.clone(), Duration::from_secs(30), addr));
+        let mut data = tempfile::tempfile().unwrap();
+        data.write_all(&[7u8; 8192]).unwrap();
+        let file = Arc::new(std::os::fd::OwnedFd::from(data.try_clone().unwrap()));
+        let send_failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut bytes = (0x8000_0000u32 | (4 + 8192)).to_be_bytes().to_vec();
+        bytes.extend_from_slice(&1u32.to_be_bytes());
+        let range = crate::vfs::FileRange { fd: file, offset: 0, len: 8192, send_failed: send_failed.clone() };
+        data.set_len(100).unwrap();
+        let slots = Arc::new(Semaphore::new(2));
+        let slot = || slots.clone().try_acquire_owned().unwrap();
+        sink.submit([Outgoing { reply: Arc::new(Reply { bytes, file: Some(range) }), sent: 0, _slots: (slot(), slot()) }]);
+        tokio::time::timeout(Duration::from_secs(10), writer).await.expect("the writer gave up").unwrap();
+        assert!(sink.state.lock().closed);
+        drop((sink, rd));
+        let received = tokio::task::spawn_blocking(move || {
+            let mut got = Vec::new();
+            (&client).read_to_end(&mut got).map(|_| got)
+        })
+        .await
+        .unwrap();
+        let got = received.unwrap_or_default();
+        assert!(got.len() <= 8 + 100, "{} bytes sent where the file holds 100", got.len() - 8);
+        assert!(got[8..].iter().all(|&b| b == 7), "bytes the file does not hold were sent");
+        assert!(send_failed.load(std::sync::atomic::Ordering::Relaxed));
     }
 
     /// Program 400001, version 1: procedure 1 waits the milliseconds its word says and

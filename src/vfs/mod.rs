@@ -215,6 +215,11 @@ pub struct FileRange {
     pub fd: std::sync::Arc<std::os::fd::OwnedFd>,
     pub offset: u64,
     pub len: usize,
+    /// Set by the transport when the range could not be sent as it stood (the file was cut
+    /// short after the READ, or its data could not be read) and the connection was closed
+    /// for it: the backend then copies the file's next READ, which answers what is true
+    /// now (a short read, or an error) to the client's retransmission.
+    pub send_failed: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl PartialEq for FileRange {

@@ -35,6 +35,8 @@ pub struct CachedObject {
     used: AtomicBool,
     /// When its place in the export was last checked ([`clock_ms`]).
     place_checked_ms: AtomicU64,
+    /// A READ sent from the page cache could not be sent ([`crate::vfs::FileRange`]).
+    pub in_place_send_failed: Arc<AtomicBool>,
 }
 
 /// How long a cached object's place in the export is trusted: a directory moved out of the
@@ -66,6 +68,7 @@ impl CachedObject {
             sync: SyncGroup::default(),
             used: AtomicBool::new(true),
             place_checked_ms: AtomicU64::new(clock_ms()),
+            in_place_send_failed: Arc::new(AtomicBool::new(false)),
         })
     }
 

@@ -1242,15 +1242,20 @@ impl Vfs for LocalFs {
     }
 
     fn read_in_place(&self, cred: &Cred, id: &ObjectId, offset: u64, count: usize) -> VfsResult<Option<(ReadResult, FileRange)>> {
-        let (_, attr, fd) = self.data_io(cred, id, R)?;
+        let (obj, attr, fd) = self.data_io(cred, id, R)?;
+        // Once, after a failed send: the retransmitted READ is copied, and so answered.
+        if obj.in_place_send_failed.load(Ordering::Relaxed) && obj.in_place_send_failed.swap(false, Ordering::Relaxed) {
+            return Ok(None);
+        }
         let len = attr.size.saturating_sub(offset).min(count as u64) as usize;
-        match sys::in_page_cache(&fd, offset, len) {
+        match sys::ready_in_page_cache(&fd, offset, len) {
             None => return Ok(None),
             Some(false) => return Err(VfsError::WouldBlock),
             Some(true) => {}
         }
         let eof = offset.saturating_add(len as u64) >= attr.size;
-        Ok(Some((ReadResult { count: len, eof, attr }, FileRange { fd, offset, len })))
+        let send_failed = obj.in_place_send_failed.clone();
+        Ok(Some((ReadResult { count: len, eof, attr }, FileRange { fd, offset, len, send_failed })))
     }
 
     fn write(
@@ -1801,6 +1806,22 @@ mod tests {
         let mut past_end = Vec::new();
         let r = fs.read(&Cred::root(), &id, 10, 1 << 20, &mut past_end, Blocking::Allowed).expect("read at the end");
         assert_eq!((r.count, r.eof, past_end.capacity()), (0, true, 0));
+    }
+
+    #[test]
+    fn after_a_failed_send_from_the_page_cache_the_next_read_is_copied_once() {
+        let (dir, fs) = export();
+        std::fs::write(dir.path().join("f"), vec![5u8; 128 * 1024]).expect("write");
+        let (id, _) = fs.lookup(&Cred::root(), &fs.root(), b"f").expect("lookup");
+        let mut warm = Vec::new();
+        fs.read(&Cred::root(), &id, 0, 128 * 1024, &mut warm, Blocking::Allowed).expect("read into the page cache");
+        let in_place = || fs.read_in_place(&Cred::root(), &id, 0, 64 * 1024).expect("read in place");
+        let (r, range) = in_place().expect("cached data is sent in place");
+        assert_eq!((r.count, range.len), (64 * 1024, 64 * 1024));
+        // The transport could not send it (the file was cut short meanwhile).
+        range.send_failed.store(true, Ordering::Relaxed);
+        assert!(in_place().is_none(), "the retransmission must be copied");
+        assert!(in_place().is_some(), "only once");
     }
 
     #[test]

@@ -624,9 +624,14 @@ pub fn max_file_size(dir: RawFd) -> u64 {
     lo
 }
 
-/// Whether all of `len` bytes at `offset` of the file are in the page cache (`cachestat`,
-/// Linux 6.5). `None` when the kernel cannot tell.
-pub fn in_page_cache(fd: &OwnedFd, offset: u64, len: usize) -> Option<bool> {
+/// Whether `len` bytes at `offset` of the file can be sent from the page cache without
+/// waiting for the disk: all of its pages are cached (`cachestat`, Linux 6.5), and its
+/// first and last ones are up to date with no readahead to start. `cachestat` counts
+/// pages whose read is still in flight, such as the readahead a previous `sendfile` of a
+/// sequential reader started, and a `sendfile` of those would wait for the disk on a
+/// server thread; a one-byte `RWF_NOWAIT` read of each end tells (the window in flight
+/// is at the range's end for a sequential reader). `None` when the kernel cannot tell.
+pub fn ready_in_page_cache(fd: &OwnedFd, offset: u64, len: usize) -> Option<bool> {
     #[repr(C)]
     struct Range {
         off: u64,
@@ -642,17 +647,41 @@ pub fn in_page_cache(fd: &OwnedFd, offset: u64, len: usize) -> Option<bool> {
         nr_recently_evicted: u64,
     }
     const SYS_CACHESTAT: libc::c_long = 451;
-    const PAGE: u64 = 4096;
     if len == 0 {
         return Some(true);
     }
-    let first = offset / PAGE;
-    let last = (offset + len as u64 - 1) / PAGE;
-    let range = Range { off: first * PAGE, len: (last - first + 1) * PAGE };
+    let page = page_size();
+    let first = offset / page;
+    let last = (offset + len as u64 - 1) / page;
+    let range = Range { off: first * page, len: (last - first + 1) * page };
     let mut stat = Stat::default();
     // SAFETY: the kernel reads `range` and writes `stat`, both valid for the call.
     let r = unsafe { libc::syscall(SYS_CACHESTAT, fd.as_raw_fd(), &range as *const Range, &mut stat as *mut Stat, 0) };
-    (r == 0).then_some(stat.nr_cache >= last - first + 1)
+    if r != 0 {
+        return None;
+    }
+    if stat.nr_cache < last - first + 1 {
+        return Some(false);
+    }
+    let ends = if first == last { [offset, offset] } else { [offset, offset + len as u64 - 1] };
+    let mut byte = 0u8;
+    for at in ends {
+        let iov = libc::iovec { iov_base: (&mut byte as *mut u8).cast(), iov_len: 1 };
+        // SAFETY: one valid iovec of one byte, owned here.
+        let n = unsafe { libc::preadv2(fd.as_raw_fd(), &iov, 1, at as libc::off_t, libc::RWF_NOWAIT) };
+        // EAGAIN: not ready; an error or end of file: the copy path reports it.
+        if n != 1 {
+            return Some(false);
+        }
+    }
+    Some(true)
+}
+
+/// The kernel's page size, which `cachestat` counts in.
+fn page_size() -> u64 {
+    static PAGE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    // SAFETY: sysconf has no preconditions.
+    *PAGE.get_or_init(|| u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).ok().filter(|&p| p > 0).unwrap_or(4096))
 }
 
 /// The wall clock as of its last tick: at most a few milliseconds behind, and cheaper to
@@ -668,6 +697,29 @@ pub fn coarse_now() -> std::time::SystemTime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_range_is_ready_in_the_page_cache_only_if_all_of_it_is_cached_and_within_the_file() {
+        use std::io::{Read, Write};
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&vec![1u8; 256 * 1024]).unwrap();
+        file.sync_all().unwrap();
+        let fd = OwnedFd::from(file.try_clone().unwrap());
+        let mut back = Vec::new();
+        (&file).read_to_end(&mut back).unwrap();
+        let Some(ready) = ready_in_page_cache(&fd, 0, 256 * 1024) else {
+            eprintln!("skipped: this kernel has no cachestat (Linux 6.5)");
+            return;
+        };
+        assert!(ready);
+        assert_eq!(ready_in_page_cache(&fd, 4095, 2), Some(true), "two pages, both cached");
+        // Past the end of the file: not there to send.
+        assert_eq!(ready_in_page_cache(&fd, 200 * 1024, 100 * 1024), Some(false));
+        // Written back and dropped from the page cache: it would wait for the disk.
+        // SAFETY: plain syscall on a valid descriptor.
+        assert_eq!(unsafe { libc::posix_fadvise(fd.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
+        assert_eq!(ready_in_page_cache(&fd, 0, 256 * 1024), Some(false));
+    }
 
     #[test]
     fn devname_is_read_from_uevent() {
