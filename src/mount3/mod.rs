@@ -201,7 +201,7 @@ impl Mount3 {
     /// Adds a mount to the list DUMP reports, which is bounded ([`MountList`]).
     fn remember_mount(&self, host: String, path: String) {
         if let Some((host, path)) = self.state.mounts.lock().add(host, path) {
-            tracing::debug!(client = %host, path = %path, "mount list full; the mount listed longest ago is left out");
+            tracing::debug!(client = %host, path = %path, "mount list full (for this client or in all): this mount, listed longest ago, is left out");
         }
     }
 

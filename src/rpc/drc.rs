@@ -269,25 +269,58 @@ impl Journal {
         }
         drop(reader);
         keep_newest(&mut found, slots);
-        if length != laid_out && length != 0 {
+        if length == 0 {
+            journal.file.set_len(laid_out)?;
+        } else if length != laid_out {
             // A reply's slot is its sequence number modulo the slot count, which is not
             // the one this file was written with: lay the replies out anew, numbered from
             // 0 in their order, or they would be read from and cleared in wrong slots.
-            tracing::info!(replies = found.len(), slots, "the duplicate request journal was laid out for another number of entries: rewritten");
-            journal.file.set_len(0)?;
-            journal.file.set_len(laid_out)?;
             // A reply put aside by an earlier boot is dropped when read anyway; the rest
-            // are written with this boot's id, which they had or do not depend on.
+            // are written with this boot's id, which they had or do not depend on. One
+            // too big for a slot of this layout (written by the first) is dropped.
             found.retain(|f| f.kept == Kept::Durable || f.this_boot);
-            for (seq, f) in found.iter_mut().enumerate() {
-                f.seq = seq as u64;
-                let slot = journal.encode(f.seq, &f.key, &f.reply, f.kept).expect("a reply read from a slot fits one");
-                journal.file.write_all_at(&slot, f.seq * SLOT as u64)?;
-            }
-            journal.file.sync_data()?;
+            let mut slots_laid_out = Vec::with_capacity(found.len());
+            found = found
+                .into_iter()
+                .filter_map(|mut f| {
+                    f.seq = slots_laid_out.len() as u64;
+                    slots_laid_out.push(journal.encode(f.seq, &f.key, &f.reply, f.kept)?);
+                    Some(f)
+                })
+                .collect();
+            journal.file = Self::replace(path, laid_out, &slots_laid_out)?;
+            tracing::info!(replies = found.len(), slots, "the duplicate request journal was laid out for another number of entries: rewritten");
         }
         journal.next = AtomicU64::new(found.last().map_or(0, |f| f.seq + 1));
         Ok((journal, found))
+    }
+
+    /// Puts a journal of `len` bytes whose first slots are `slots` in place of the one at
+    /// `path`, by a rename once it is written and synced, so that a crash leaves one or
+    /// the other whole.
+    fn replace(path: &Path, len: u64, slots: &[Vec<u8>]) -> std::io::Result<File> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut name = path.as_os_str().to_owned();
+        name.push(".new");
+        let new = std::path::PathBuf::from(name);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&new)?;
+        file.set_len(len)?;
+        for (i, slot) in slots.iter().enumerate() {
+            file.write_all_at(slot, (i * SLOT) as u64)?;
+        }
+        file.sync_all()?;
+        std::fs::rename(&new, path)?;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            File::open(dir)?.sync_all()?;
+        }
+        Ok(file)
     }
 
     /// A sequence number, and so a slot, for a reply to be written.
@@ -750,10 +783,12 @@ mod tests {
             }
         }
         // Put aside by a process that died before its sync, in a boot since lost: the
-        // next process drops it. Laid out for 4 slots, it sits in slot 7 % 4 = 3.
-        killed_during_the_sync(&path, BOOT, &key(99, b"a"), &[99; 40]);
-        // Opened with 5 slots, in another boot, twice: clearing the dropped reply must not
-        // wipe a kept one (with the old layout it went to slot 7 % 5 = 2, XID 4's).
+        // next process drops it. Laid out for 4 slots, sequence 7 takes slot 3 (XID 3's);
+        // slots 0, 1 and 2 hold XIDs 4, 5 and 6.
+        killed_during_the_sync_in(4, &path, BOOT, &key(99, b"a"), &[99; 40]);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 4 * SLOT as u64);
+        // Opened with 5 slots, in another boot, twice: dropping the reply put aside must
+        // not wipe a kept one (cleared in the old layout's slot 7 % 5 = 2, XID 6's).
         for _ in 0..2 {
             let drc = DuplicateRequestCache::with_journal_of_boot(5, &path, NEXT_BOOT, || panic!("nothing of this boot to settle")).unwrap();
             for x in 4..7 {
@@ -806,7 +841,12 @@ mod tests {
     /// A process of `boot` that begins `k` and puts `early` aside, then dies before
     /// its change is durable.
     fn killed_during_the_sync(path: &Path, boot: Option<[u8; 16]>, k: &DrcKey, early: &[u8]) {
-        let drc = DuplicateRequestCache::with_journal_of_boot(8, path, boot, || true).unwrap();
+        killed_during_the_sync_in(8, path, boot, k, early);
+    }
+
+    /// The same, with a journal of `slots` slots.
+    fn killed_during_the_sync_in(slots: usize, path: &Path, boot: Option<[u8; 16]>, k: &DrcKey, early: &[u8]) {
+        let drc = DuplicateRequestCache::with_journal_of_boot(slots, path, boot, || true).unwrap();
         assert_eq!(drc.begin(k), Lookup::New);
         drc.keep_before_durable(k, early);
     }
@@ -922,32 +962,47 @@ mod tests {
     fn replies_in_slots_of_the_first_layout_are_replayed() {
         let (_dir, path) = scratch_journal();
         let k = DrcKey::new("192.0.2.7".parse().unwrap(), 77, 100003, 3, 8, b"create");
-        // A slot as nasd wrote it before the boot and state fields.
-        let mut slot = Vec::new();
-        slot.extend_from_slice(&MAGIC_V1);
-        slot.extend_from_slice(&5u64.to_be_bytes());
-        slot.extend_from_slice(&"192.0.2.7".parse::<std::net::Ipv4Addr>().unwrap().to_ipv6_mapped().octets());
-        for word in [77u32, 100003, 3, 8] {
-            slot.extend_from_slice(&word.to_be_bytes());
-        }
-        slot.extend_from_slice(&(b"create".len() as u64).to_be_bytes());
-        slot.extend_from_slice(&k.args_sum);
-        slot.extend_from_slice(&3u16.to_be_bytes());
-        let sum_at = slot.len();
-        slot.extend_from_slice(&[0; 8]);
-        assert_eq!(slot.len(), HEADER_V1);
-        slot.extend_from_slice(&[7, 8, 9]);
-        let sum = Journal::checksum(&slot, sum_at);
-        slot[sum_at..sum_at + 8].copy_from_slice(&sum);
-        slot.resize(SLOT, 0);
-        std::fs::write(&path, &slot).unwrap();
+        let big = DrcKey::new("192.0.2.7".parse().unwrap(), 78, 100003, 3, 8, b"create");
+        // A reply that fits a slot of the first layout but not of this one.
+        let big_reply = vec![6u8; SLOT - HEADER_V1];
+        // Two slots of a journal laid out for two: opened with 4, it is rewritten.
+        let journal = [first_layout_slot(4, &k, &[7, 8, 9]), first_layout_slot(5, &big, &big_reply)].concat();
+        std::fs::write(&path, &journal).unwrap();
         let drc = DuplicateRequestCache::with_journal_of_boot(4, &path, BOOT, || panic!("nothing to settle")).unwrap();
         assert_eq!(drc.begin(&k), Lookup::Replay(reply(vec![7, 8, 9])));
+        assert_eq!(drc.begin(&big), Lookup::New, "too big for a slot of this layout: dropped");
         // New replies go on from its sequence number, without overwriting it.
         completed(&drc, &key(1, b"a"), vec![1; 10], true);
         drop(drc);
         let drc = DuplicateRequestCache::with_journal_of_boot(4, &path, BOOT, || true).unwrap();
         assert_eq!(drc.begin(&k), Lookup::Replay(reply(vec![7, 8, 9])));
         assert_eq!(drc.begin(&key(1, b"a")), Lookup::Replay(reply(vec![1; 10])));
+        // Of the same layout, it is read as it is.
+        std::fs::write(&path, [first_layout_slot(4, &k, &[7, 8, 9]), first_layout_slot(5, &big, &big_reply)].concat()).unwrap();
+        let drc = DuplicateRequestCache::with_journal_of_boot(2, &path, BOOT, || panic!("nothing to settle")).unwrap();
+        assert_eq!(drc.begin(&big), Lookup::Replay(reply(big_reply)));
+    }
+
+    /// A slot as nasd wrote it before the boot and state fields.
+    fn first_layout_slot(seq: u64, k: &DrcKey, reply: &[u8]) -> Vec<u8> {
+        let IpAddr::V4(ip) = k.client else { panic!("an IPv4 key") };
+        let mut slot = Vec::new();
+        slot.extend_from_slice(&MAGIC_V1);
+        slot.extend_from_slice(&seq.to_be_bytes());
+        slot.extend_from_slice(&ip.to_ipv6_mapped().octets());
+        for word in [k.xid, k.program, k.version, k.procedure] {
+            slot.extend_from_slice(&word.to_be_bytes());
+        }
+        slot.extend_from_slice(&(k.args_len as u64).to_be_bytes());
+        slot.extend_from_slice(&k.args_sum);
+        slot.extend_from_slice(&(reply.len() as u16).to_be_bytes());
+        let sum_at = slot.len();
+        slot.extend_from_slice(&[0; 8]);
+        assert_eq!(slot.len(), HEADER_V1);
+        slot.extend_from_slice(reply);
+        let sum = Journal::checksum(&slot, sum_at);
+        slot[sum_at..sum_at + 8].copy_from_slice(&sum);
+        slot.resize(SLOT, 0);
+        slot
     }
 }

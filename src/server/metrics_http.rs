@@ -18,6 +18,8 @@ const REQUEST_HEAD_MAX: usize = 4096;
 /// Connections whose request has not arrived yet, oldest first. When every place is
 /// taken, a new connection ends the oldest of these: a scraper sends its request at once,
 /// so a handful of idle connections cannot keep scrapes out for `SCRAPE_TIMEOUT` each.
+/// (A flood of connections can still end a scraper's in the moment between its connect
+/// and its request; it tries again at its next interval.)
 #[derive(Default)]
 struct AwaitingRequest {
     queue: Mutex<VecDeque<(u64, Arc<Notify>)>>,
@@ -61,15 +63,19 @@ pub(crate) async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
                 continue;
             }
         };
-        let place = match places.clone().try_acquire_owned() {
-            Ok(place) => place,
-            Err(_) => {
-                if awaiting.end_oldest() {
-                    tracing::debug!("metrics: every place taken; the oldest connection yet to send a request is closed");
-                }
-                // Else every place is answering a request, which takes SCRAPE_TIMEOUT at most.
-                let Ok(place) = places.clone().acquire_owned().await else { return };
-                place
+        let place = loop {
+            match places.clone().try_acquire_owned() {
+                Ok(place) => break place,
+                Err(tokio::sync::TryAcquireError::Closed) => return,
+                Err(tokio::sync::TryAcquireError::NoPermits) => {}
+            }
+            if awaiting.end_oldest() {
+                tracing::debug!("metrics: every place taken; the oldest connection yet to send a request is closed");
+            }
+            // The one ended may have had its request just in (it is being answered), and
+            // every place may be answering (SCRAPE_TIMEOUT at most): look again shortly.
+            if let Ok(Ok(place)) = tokio::time::timeout(Duration::from_millis(100), places.clone().acquire_owned()).await {
+                break place;
             }
         };
         next_id += 1;

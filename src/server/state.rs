@@ -4,10 +4,10 @@
 use crate::exports::{canonical_ip, squash, Export, ExportOptions};
 use crate::fh::HandleKey;
 use crate::metrics::Metrics;
+use crate::mount3::MountList;
 use crate::rpc::CallContext;
 use crate::vfs::{Cred, ObjectId, Vfs, VfsError};
 use parking_lot::{Mutex, RwLock};
-use crate::mount3::MountList;
 use std::sync::Arc;
 
 /// The exports being served. A reload replaces the whole list at once; a call keeps the

@@ -174,6 +174,12 @@ impl Outgoing {
     }
 }
 
+/// An error of the connection rather than of a file being sent.
+fn is_socket_error(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(e.kind(), BrokenPipe | ConnectionReset | ConnectionAborted | NotConnected | TimedOut)
+}
+
 fn iovec(b: &[u8]) -> libc::iovec {
     libc::iovec { iov_base: b.as_ptr() as *mut _, iov_len: b.len() }
 }
@@ -317,12 +323,15 @@ impl ReplySink {
                             Ok(n) => n,
                             Err(e) => {
                                 // The record's length is on the wire and its data cannot
-                                // follow: the connection ends, and the file's next READ
-                                // (the client's retransmission) is copied and answered.
-                                if let Some(file) = &batch[i].reply.file {
-                                    file.send_failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                                // follow: the connection ends, and if the file was at
+                                // fault its READs are copied for a while, so that the
+                                // client's retransmission is answered.
+                                if !is_socket_error(&e) {
+                                    if let Some(file) = &batch[i].reply.file {
+                                        file.send_failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                                    }
+                                    tracing::debug!(error = %e, "a READ reply's data could not be sent from the file; closing the connection");
                                 }
-                                tracing::debug!(error = %e, "a READ reply's data could not be sent from the file; closing the connection");
                                 return Err(e);
                             }
                         };
@@ -608,10 +617,6 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
         if let Some(started) = wait_started {
             last_wait = Some(started.elapsed());
         }
-        // A request has begun: the connection is no longer idle, and the slot is the
-        // request's (not to be lost to a new connection at the limit; one that stops
-        // arriving is the stall watch's to close).
-        progress.reader_holds_slot(false);
         let global_wait = async {
             tokio::select! {
                 biased;
@@ -623,6 +628,13 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
             break Ok(());
         };
         progress.request_arriving();
+        // The request is arriving: the connection is busy, not to be closed for a new one
+        // at the connection limit (one whose request stops arriving is the stall watch's
+        // to close from now). Until here, waiting for a global slot while the server is
+        // saturated, it counts as idle: closing it loses only a request not yet read,
+        // which its client sends again, and a peer that sends a byte per connection does
+        // not keep every connection past the limit's reach.
+        progress.reader_holds_slot(false);
         let mut record = shared.record_pool.take();
         let read = batch
             .flush_before_waiting(async {
@@ -952,8 +964,9 @@ mod tests {
         .await
         .unwrap();
         let got = received.unwrap_or_default();
-        assert!(got.len() <= 8 + 100, "{} bytes sent where the file holds 100", got.len() - 8);
-        assert!(got[8..].iter().all(|&b| b == 7), "bytes the file does not hold were sent");
+        let data = got.get(8..).unwrap_or_default();
+        assert!(data.len() <= 100, "{} bytes sent where the file holds 100", data.len());
+        assert!(data.iter().all(|&b| b == 7), "bytes the file does not hold were sent");
         assert!(send_failed.load(std::sync::atomic::Ordering::Relaxed));
     }
 

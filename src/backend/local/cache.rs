@@ -37,6 +37,8 @@ pub struct CachedObject {
     place_checked_ms: AtomicU64,
     /// A READ sent from the page cache could not be sent ([`crate::vfs::FileRange`]).
     pub in_place_send_failed: Arc<AtomicBool>,
+    /// Until when ([`clock_ms`]) its READs are copied after such a failure; 0: not.
+    pub copy_reads_until_ms: AtomicU64,
 }
 
 /// How long a cached object's place in the export is trusted: a directory moved out of the
@@ -69,6 +71,7 @@ impl CachedObject {
             used: AtomicBool::new(true),
             place_checked_ms: AtomicU64::new(clock_ms()),
             in_place_send_failed: Arc::new(AtomicBool::new(false)),
+            copy_reads_until_ms: AtomicU64::new(0),
         })
     }
 
