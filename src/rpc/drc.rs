@@ -788,7 +788,7 @@ mod tests {
         killed_during_the_sync_in(4, &path, BOOT, &key(99, b"a"), &[99; 40]);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 4 * SLOT as u64);
         // Opened with 5 slots, in another boot, twice: dropping the reply put aside must
-        // not wipe a kept one (cleared in the old layout's slot 7 % 5 = 2, XID 6's).
+        // not wipe a kept one (nasd once cleared it in slot 7 % 5 = 2, XID 6's).
         for _ in 0..2 {
             let drc = DuplicateRequestCache::with_journal_of_boot(5, &path, NEXT_BOOT, || panic!("nothing of this boot to settle")).unwrap();
             for x in 4..7 {

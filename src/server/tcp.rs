@@ -867,10 +867,7 @@ mod tests {
             }
             seen.len()
         });
-        let (server, _) = listener.accept().await.unwrap();
-        let (_rd, wr) = server.into_split();
-        let stalls = super::super::stalls::Stalls::new(Duration::from_secs(5));
-        let sink = Arc::new(ReplySink::new(wr, stalls.register(addr).progress()));
+        let (_rd, sink) = accepted_sink(&listener).await;
         let writer = tokio::spawn(drain_replies(sink.clone(), Duration::from_secs(30), addr));
         let slots = Arc::new(Semaphore::new(Semaphore::MAX_PERMITS));
         let submitters: Vec<_> = (0..THREADS)
@@ -895,18 +892,24 @@ mod tests {
         writer.await.unwrap();
     }
 
+    /// The server side of the next connection to `listener`: its read half, and a reply
+    /// sink on its write half.
+    async fn accepted_sink(listener: &TcpListener) -> (tokio::net::tcp::OwnedReadHalf, Arc<ReplySink>) {
+        let (server, peer) = listener.accept().await.unwrap();
+        let (rd, wr) = server.into_split();
+        let stalls = super::super::stalls::Stalls::new(Duration::from_secs(5));
+        let progress = stalls.register(peer).progress();
+        (rd, Arc::new(ReplySink::new(wr, progress)))
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_reply_with_no_file_data_is_not_left_corked_in_the_socket() {
         // A READ at or past the end of the file served from the page cache: a header and
         // an empty file range. Nothing of it may wait in the socket for more data.
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let client = std::net::TcpStream::connect(addr).unwrap();
-        let (server, _) = listener.accept().await.unwrap();
-        let (_rd, wr) = server.into_split();
-        let fd = wr.as_ref().as_raw_fd();
-        let stalls = super::super::stalls::Stalls::new(Duration::from_secs(5));
-        let sink = Arc::new(ReplySink::new(wr, stalls.register(addr).progress()));
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (_rd, sink) = accepted_sink(&listener).await;
+        let fd = sink.socket.as_ref().as_raw_fd();
         let file = Arc::new(std::os::fd::OwnedFd::from(tempfile::tempfile().unwrap()));
         let slots = Arc::new(Semaphore::new(Semaphore::MAX_PERMITS));
         let slot = || slots.clone().try_acquire_owned().unwrap();
@@ -938,10 +941,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let client = std::net::TcpStream::connect(addr).unwrap();
-        let (server, _) = listener.accept().await.unwrap();
-        let (rd, wr) = server.into_split();
-        let stalls = super::super::stalls::Stalls::new(Duration::from_secs(5));
-        let sink = Arc::new(ReplySink::new(wr, stalls.register(addr).progress()));
+        let (rd, sink) = accepted_sink(&listener).await;
         let writer = tokio::spawn(drain_replies(sink.clone(), Duration::from_secs(30), addr));
         let mut data = tempfile::tempfile().unwrap();
         data.write_all(&[7u8; 8192]).unwrap();
