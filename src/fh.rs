@@ -199,6 +199,20 @@ pub(crate) fn private_dir(dir: &Path) -> anyhow::Result<()> {
     }
 }
 
+/// Opens (or makes, mode 0600) a file of the state directory for reading and writing,
+/// never through a symbolic link.
+pub(crate) fn open_private_file(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
 fn effective_uid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }

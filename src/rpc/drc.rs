@@ -239,15 +239,7 @@ impl Journal {
     /// the replies it holds, oldest first. `boot`: this boot of the kernel, if known.
     fn open(path: &Path, slots: usize, boot: Option<[u8; 16]>) -> std::io::Result<(Journal, Vec<Found>)> {
         use std::io::Read;
-        use std::os::unix::fs::OpenOptionsExt;
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(path)?;
+        let file = crate::fh::open_private_file(path)?;
         let slots = slots.max(1);
         let laid_out = (slots * SLOT) as u64;
         let length = file.metadata()?.len();
@@ -299,18 +291,15 @@ impl Journal {
     /// `path`, by a rename once it is written and synced, so that a crash leaves one or
     /// the other whole.
     fn replace(path: &Path, len: u64, slots: &[Vec<u8>]) -> std::io::Result<File> {
-        use std::os::unix::fs::OpenOptionsExt;
         let mut name = path.as_os_str().to_owned();
         name.push(".new");
         let new = std::path::PathBuf::from(name);
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&new)?;
+        // Left by a rewrite that crashed: made anew, never written through.
+        match std::fs::remove_file(&new) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        let file = crate::fh::open_private_file(&new)?;
         file.set_len(len)?;
         for (i, slot) in slots.iter().enumerate() {
             file.write_all_at(slot, (i * SLOT) as u64)?;

@@ -118,18 +118,9 @@ const DRC_JOURNAL: &str = "drc-journal";
 /// each other's duplicate request journal, and two first starts at once could each
 /// serve handles made with a key the other then installs.
 fn lock_state_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
     crate::fh::private_dir(dir).with_context(|| format!("state directory {} (set --state-dir)", dir.display()))?;
     let path = dir.join("lock");
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&path)
-        .with_context(|| format!("opening {}", path.display()))?;
+    let file = crate::fh::open_private_file(&path).with_context(|| format!("opening {}", path.display()))?;
     // SAFETY: plain syscall on an open descriptor.
     if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let e = std::io::Error::last_os_error();
