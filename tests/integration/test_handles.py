@@ -143,6 +143,32 @@ def test_files_deleted_by_others_are_let_go_once_idle(tmp_path):
         assert c.read(c.lookup(root, "replaced").fh).data == b"replacement"
 
 
+def test_a_listing_left_unfinished_lets_its_removed_directory_go_once_idle(tmp_path):
+    """The directory stream of a listing a client left unfinished is kept open for its
+    next call: it must not keep a directory that others then removed (with every block
+    its entries took) for as long as nasd runs, on a server that lists nothing else."""
+    export = make_export(tmp_path)
+    listed = export / "listed"
+    listed.mkdir()
+    for i in range(300):
+        (listed / f"entry-{i:04}-{'x' * 40}").write_bytes(b"")
+    config = tmp_path / "nasd.toml"
+    config.write_text("[limits]\nopen_object_idle_secs = 2\n")
+    with Nasd(export, args=["--no-root-squash", "--config", config]) as n, \
+            Nfs3Client(n.host, n.port, cred=ROOT) as c:
+        root = c.root(n.export_dir)
+        r = c.readdir(c.lookup(root, "listed").fh, count=1024)
+        assert r.ok and not r.eof, "one reply of a longer listing"
+        for entry in listed.iterdir():
+            entry.unlink()
+        listed.rmdir()
+        assert _deleted_files_held(n.pid, "listed"), "nasd kept the stream open (else this test proves nothing)"
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and _deleted_files_held(n.pid, "listed"):
+            time.sleep(0.2)
+        assert _deleted_files_held(n.pid, "listed") == [], "a removed directory still held open 15 s after its listing stopped"
+
+
 def test_handle_survives_rename_on_disk(srv, c):
     base = Path(srv.export_dir)
     (base / "rn_a").mkdir()

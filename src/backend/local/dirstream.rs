@@ -8,7 +8,9 @@
 //! reply could not take, and the call that continues at that cookie picks it up.
 //!
 //! A parked stream is only a cache: a call that finds none reopens and seeks, with the
-//! same result; a stream of a directory removed meanwhile reads as empty until evicted.
+//! same result; a stream of a directory removed meanwhile reads as empty until evicted,
+//! by newer streams or, on an idle server, by the cache sweeper once parked for
+//! `open_object_idle_secs`.
 //! A stream is continued only while the directory's change and modification times are
 //! those it was parked with: the entries it read ahead predate any change since, and a
 //! client that lists again because the directory changed must see that change, even
@@ -193,6 +195,7 @@ struct Parked {
     /// The directory's change and modification times when the stream was parked.
     dir_times: (Timespec, Timespec),
     stream: DirStream,
+    parked_at: Instant,
 }
 
 #[derive(Default)]
@@ -228,7 +231,23 @@ impl DirStreams {
                 ahead.batch.abandon();
             }
         }
-        parked.push_back(Parked { dir, cookie, cred: cred.clone(), dir_times, stream });
+        parked.push_back(Parked { dir, cookie, cred: cred.clone(), dir_times, stream, parked_at: Instant::now() });
+    }
+
+    /// Drops the streams parked before `before`: a listing left unfinished (its client
+    /// gone, or its directory removed) keeps no directory open for long on an idle
+    /// server. Returns how many were dropped.
+    pub fn drop_parked_before(&self, before: Instant) -> usize {
+        let mut parked = self.parked.lock();
+        let was = parked.len();
+        parked.retain(|p| {
+            let keep = p.parked_at >= before;
+            if let (false, Some(ahead)) = (keep, &p.stream.ahead) {
+                ahead.batch.abandon();
+            }
+            keep
+        });
+        was - parked.len()
     }
 
     #[cfg(test)]

@@ -425,7 +425,8 @@ fn timespec(t: SetTime) -> libc::timespec {
 }
 
 /// Lets go of the cached objects of `fs` that are unused for `idle` (between half of it and
-/// all of it), until `fs` is dropped.
+/// all of it), and of directory streams parked for longer than `idle`, until `fs` is
+/// dropped.
 fn spawn_cache_sweeper(fs: Weak<LocalFs>, idle: Duration) {
     let period = (idle / 2).max(Duration::from_millis(100));
     let spawned = std::thread::Builder::new().name("nasd-cache-sweep".into()).spawn(move || loop {
@@ -434,6 +435,12 @@ fn spawn_cache_sweeper(fs: Weak<LocalFs>, idle: Duration) {
         let dropped = cache::sweep_idle(&fs.cache);
         if dropped > 0 {
             tracing::debug!(dropped, "closed idle cached objects");
+        }
+        if let Some(before) = std::time::Instant::now().checked_sub(idle) {
+            let dropped = fs.dir_streams.drop_parked_before(before);
+            if dropped > 0 {
+                tracing::debug!(dropped, "closed directory streams of listings left unfinished");
+            }
         }
     });
     if let Err(e) = spawned {
@@ -2197,6 +2204,20 @@ mod tests {
         })
         .expect("readdir");
         cookie
+    }
+
+    #[test]
+    fn a_stream_parked_too_long_ago_is_dropped() {
+        let (dir, fs) = export();
+        let (root, cookie) = (fs.root(), ten_of_a_hundred_listed(dir.path(), &fs));
+        let parked_by = std::time::Instant::now();
+        if let Some(long_ago) = parked_by.checked_sub(Duration::from_secs(60)) {
+            assert_eq!(fs.dir_streams.drop_parked_before(long_ago), 0, "parked just now");
+        }
+        assert_eq!(fs.dir_streams.drop_parked_before(parked_by + Duration::from_millis(1)), 1);
+        let attr = fs.getattr(&Cred::root(), &root).expect("getattr");
+        let (times, changes) = ((attr.ctime, attr.mtime), fs.entry_changes(attr.fileid));
+        assert!(fs.dir_streams.take(&root, cookie, &Cred::root(), times, changes).is_none());
     }
 
     #[test]
