@@ -36,7 +36,7 @@ impl HandleKey {
     /// handles to any file of an exported file system, so a key or directory another user
     /// owns is refused, and one of ours that others may use is made private again.
     pub fn load_or_create(dir: &Path) -> anyhow::Result<Self> {
-        use std::io::{Read, Write};
+        use std::io::Read;
         use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
         private_dir(dir)?;
         let path = dir.join("handle-key");
@@ -67,41 +67,15 @@ impl HandleKey {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let mut key = [0u8; 32];
                 rand::Rng::fill(&mut rand::thread_rng(), &mut key);
-                let tmp = dir.join("handle-key.tmp");
-                // Left by a start that crashed; never written through (it may be a link).
-                match std::fs::remove_file(&tmp) {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                        return Err(e).with_context(|| format!("removing {}", tmp.display()));
-                    }
-                    _ => {}
-                }
-                let mut f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .custom_flags(no_follow)
-                    .open(&tmp)
-                    .with_context(|| format!("writing {}", tmp.display()))?;
-                f.write_all(&key)?;
-                f.sync_all()?;
-                std::fs::rename(&tmp, &path)?;
-                // The key's name must be durable before any handle made with it leaves
-                // the server: a key lost in a power cut would be made anew at the next
-                // start, and every client's handles would be stale. `syncfs` covers a
-                // file system without a journal, where the directory's `fsync` does not.
-                let synced = std::fs::File::open(dir).and_then(|d| {
-                    d.sync_all()?;
-                    // SAFETY: plain syscall on an open descriptor.
-                    if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&d)) } < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    d.sync_all()
+                let written = replace_private_file(&path, |f| {
+                    use std::io::Write;
+                    f.write_all(&key)
                 });
-                if let Err(e) = synced {
+                if let Err(e) = written {
                     // Not left for the next start to take as durable: no handle was made
                     // with it yet, and a key made anew then is as good.
                     let _ = std::fs::remove_file(&path);
-                    return Err(e).with_context(|| format!("making {} durable", path.display()));
+                    return Err(e).with_context(|| format!("writing {} durably", path.display()));
                 }
                 Ok(Self { key })
             }
@@ -213,6 +187,35 @@ pub(crate) fn open_private_file(path: &Path) -> std::io::Result<std::fs::File> {
         .open(path)
 }
 
+/// Puts a file written by `fill` in place of the one at `path` (or where there is none),
+/// durably: it is written to `path.new`, synced and renamed over `path`, whose name is
+/// then made durable too, so that a crash leaves the old file or the new one whole. The
+/// name needs the file system synced (`syncfs`) where it keeps no journal: there the
+/// directory's `fsync` does not cover a rename.
+pub(crate) fn replace_private_file(path: &Path, fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>) -> std::io::Result<std::fs::File> {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".new");
+    let new = std::path::PathBuf::from(name);
+    // Left by a start that crashed: made anew, never written through (it may be a link).
+    match std::fs::remove_file(&new) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let mut file = open_private_file(&new)?;
+    fill(&mut file)?;
+    file.sync_all()?;
+    std::fs::rename(&new, path)?;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = std::fs::File::open(dir)?;
+    dir.sync_all()?;
+    // SAFETY: plain syscall on an open descriptor.
+    if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    dir.sync_all()?;
+    Ok(file)
+}
+
 fn effective_uid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
@@ -308,7 +311,7 @@ mod tests {
         std::fs::write(&victim, b"precious").unwrap();
         let state = dir.path().join("state");
         std::fs::create_dir(&state).unwrap();
-        std::os::unix::fs::symlink(&victim, state.join("handle-key.tmp")).unwrap();
+        std::os::unix::fs::symlink(&victim, state.join("handle-key.new")).unwrap();
         HandleKey::load_or_create(&state).unwrap();
         assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
         assert_eq!(std::fs::read(state.join("handle-key")).unwrap().len(), 32);

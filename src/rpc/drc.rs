@@ -271,45 +271,22 @@ impl Journal {
             // are written with this boot's id, which they had or do not depend on. One
             // too big for a slot of this layout (written by the first) is dropped.
             found.retain(|f| f.kept == Kept::Durable || f.this_boot);
-            let mut slots_laid_out = Vec::with_capacity(found.len());
-            found = found
-                .into_iter()
-                .filter_map(|mut f| {
-                    f.seq = slots_laid_out.len() as u64;
-                    slots_laid_out.push(journal.encode(f.seq, &f.key, &f.reply, f.kept)?);
-                    Some(f)
-                })
-                .collect();
-            journal.file = Self::replace(path, laid_out, &slots_laid_out)?;
+            let mut laid = Vec::with_capacity(found.len());
+            for mut f in found {
+                f.seq = laid.len() as u64;
+                if let Some(slot) = journal.encode(f.seq, &f.key, &f.reply, f.kept) {
+                    laid.push((f, slot));
+                }
+            }
+            journal.file = crate::fh::replace_private_file(path, |file| {
+                file.set_len(laid_out)?;
+                laid.iter().try_for_each(|(f, slot)| file.write_all_at(slot, f.seq * SLOT as u64))
+            })?;
+            found = laid.into_iter().map(|(f, _)| f).collect();
             tracing::info!(replies = found.len(), slots, "the duplicate request journal was laid out for another number of entries: rewritten");
         }
         journal.next = AtomicU64::new(found.last().map_or(0, |f| f.seq + 1));
         Ok((journal, found))
-    }
-
-    /// Puts a journal of `len` bytes whose first slots are `slots` in place of the one at
-    /// `path`, by a rename once it is written and synced, so that a crash leaves one or
-    /// the other whole.
-    fn replace(path: &Path, len: u64, slots: &[Vec<u8>]) -> std::io::Result<File> {
-        let mut name = path.as_os_str().to_owned();
-        name.push(".new");
-        let new = std::path::PathBuf::from(name);
-        // Left by a rewrite that crashed: made anew, never written through.
-        match std::fs::remove_file(&new) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
-        let file = crate::fh::open_private_file(&new)?;
-        file.set_len(len)?;
-        for (i, slot) in slots.iter().enumerate() {
-            file.write_all_at(slot, (i * SLOT) as u64)?;
-        }
-        file.sync_all()?;
-        std::fs::rename(&new, path)?;
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            File::open(dir)?.sync_all()?;
-        }
-        Ok(file)
     }
 
     /// A sequence number, and so a slot, for a reply to be written.
