@@ -3,7 +3,7 @@
 //! It answers only for the programs this server serves, so `mount -t nfs host:/path`
 //! works with no system rpcbind. SET and UNSET are refused: nothing else registers here.
 
-use crate::rpc::{CallContext, ProcError, RpcProgram};
+use crate::rpc::{CallContext, ProcError, RpcProgram, Transport};
 use crate::xdr::{XdrReader, XdrResult, XdrWriter};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU16, Ordering};
@@ -12,8 +12,12 @@ use std::sync::Arc;
 pub const PROGRAM: u32 = 100000;
 
 pub mod proc {
+    /// GETPORT (v2) and GETADDR (v3, v4).
+    pub const GETADDR: u32 = 3;
     /// DUMP, in portmap v2 and rpcbind v3 and v4 alike.
     pub const DUMP: u32 = 4;
+    pub const GETVERSADDR: u32 = 9;
+    pub const GETADDRLIST: u32 = 11;
 }
 const IPPROTO_TCP: u32 = 6;
 const IPPROTO_UDP: u32 = 17;
@@ -43,7 +47,7 @@ pub enum Args<'a> {
     Null,
     /// v2 SET/UNSET/GETPORT carry a mapping.
     Mapping(u32, u32, u32, u32),
-    /// v3/v4 SET/UNSET/GETADDR/GETVERSADDR carry an rpcb.
+    /// v3/v4 SET/UNSET/GETADDR/GETVERSADDR and v4 GETADDRLIST carry an rpcb.
     Rpcb(Rpcb<'a>),
     Dump,
     GetTime,
@@ -64,7 +68,7 @@ impl<'a> Args<'a> {
         Some(match (version, procedure) {
             (_, 0) => Ok(Args::Null),
             (2, 1..=3) => (|| Ok(Args::Mapping(r.u32()?, r.u32()?, r.u32()?, r.u32()?)))(),
-            (3 | 4, 1..=3) | (4, 9) => rpcb(r),
+            (3 | 4, 1..=3) | (4, proc::GETVERSADDR | proc::GETADDRLIST) => rpcb(r),
             (_, 4) => Ok(Args::Dump),
             (3 | 4, 6) => Ok(Args::GetTime),
             _ => return None,
@@ -115,12 +119,35 @@ impl Portmap {
         }
     }
 
-    fn netid_protocol(netid: &[u8]) -> Option<u32> {
-        match netid {
-            b"tcp" | b"tcp6" => Some(IPPROTO_TCP),
-            b"udp" | b"udp6" => Some(IPPROTO_UDP),
-            _ => None,
+    /// The netid of `protocol` in the family of the address called.
+    fn netid(protocol: u32, local: SocketAddr) -> &'static str {
+        let v6 = crate::exports::canonical_ip(local.ip()).is_ipv6();
+        match (protocol == IPPROTO_TCP, v6) {
+            (true, false) => "tcp",
+            (true, true) => "tcp6",
+            (false, false) => "udp",
+            (false, true) => "udp6",
         }
+    }
+
+    /// rpcbind v4 GETADDRLIST: an `rpcb_entry` for each transport of the caller's
+    /// address family that serves `program` at exactly `version`, as rpcbind lists them.
+    fn write_address_list(&self, program: u32, version: u32, local: SocketAddr, out: &mut XdrWriter) {
+        // Semantics constants of <netconfig.h>: connection-oriented with orderly release,
+        // and connectionless.
+        const NC_TPI_CLTS: u32 = 1;
+        const NC_TPI_COTS_ORD: u32 = 3;
+        let family = if crate::exports::canonical_ip(local.ip()).is_ipv6() { "inet6" } else { "inet" };
+        for m in self.mappings().into_iter().filter(|m| m.program == program && m.version == version) {
+            let tcp = m.protocol == IPPROTO_TCP;
+            out.bool(true);
+            out.opaque(Self::universal_address(local, m.port).as_bytes());
+            out.opaque(Self::netid(m.protocol, local).as_bytes());
+            out.u32(if tcp { NC_TPI_COTS_ORD } else { NC_TPI_CLTS });
+            out.opaque(family.as_bytes());
+            out.opaque(if tcp { b"tcp" } else { b"udp" });
+        }
+        out.bool(false);
     }
 }
 
@@ -142,12 +169,18 @@ impl RpcProgram for Portmap {
                 _ => out.bool(false),
             },
             Args::Rpcb(rpcb) => match ctx.procedure {
-                3 | 9 => {
-                    let exact = ctx.procedure == 9;
-                    let port = Self::netid_protocol(rpcb.netid).and_then(|p| self.find(rpcb.program, rpcb.version, p, exact));
+                proc::GETADDR | proc::GETVERSADDR => {
+                    // RFC 1833: the netid asked for is ignored; it is the transport's the
+                    // call came in on, as rpcbind answers (libnfs sends an empty one).
+                    let protocol = match ctx.transport {
+                        Transport::Tcp => IPPROTO_TCP,
+                        Transport::Udp => IPPROTO_UDP,
+                    };
+                    let port = self.find(rpcb.program, rpcb.version, protocol, ctx.procedure == proc::GETVERSADDR);
                     let uaddr = port.map(|p| Self::universal_address(ctx.local, p)).unwrap_or_default();
                     out.opaque(uaddr.as_bytes());
                 }
+                proc::GETADDRLIST => self.write_address_list(rpcb.program, rpcb.version, ctx.local, out),
                 _ => out.bool(false),
             },
             Args::Dump if ctx.version == 2 => {
@@ -161,18 +194,11 @@ impl RpcProgram for Portmap {
             }
             Args::Dump => {
                 // The addresses are the one called, so their netid is of its family.
-                let v6 = crate::exports::canonical_ip(ctx.local.ip()).is_ipv6();
                 for m in self.mappings() {
-                    let netid = match (m.protocol == IPPROTO_TCP, v6) {
-                        (true, false) => "tcp",
-                        (true, true) => "tcp6",
-                        (false, false) => "udp",
-                        (false, true) => "udp6",
-                    };
                     out.bool(true);
                     out.u32(m.program);
                     out.u32(m.version);
-                    out.opaque(netid.as_bytes());
+                    out.opaque(Self::netid(m.protocol, ctx.local).as_bytes());
                     out.opaque(Self::universal_address(ctx.local, m.port).as_bytes());
                     out.opaque(b"nasd");
                 }
@@ -191,7 +217,9 @@ impl RpcProgram for Portmap {
     }
 
     fn procedure_name(&self, _version: u32, procedure: u32) -> &'static str {
-        const NAMES: [&str; 10] = ["NULL", "SET", "UNSET", "GETPORT", "DUMP", "CALLIT", "GETTIME", "UADDR2TADDR", "TADDR2UADDR", "GETVERSADDR"];
+        const NAMES: [&str; 13] = [
+            "NULL", "SET", "UNSET", "GETPORT", "DUMP", "CALLIT", "GETTIME", "UADDR2TADDR", "TADDR2UADDR", "GETVERSADDR", "INDIRECT", "GETADDRLIST", "GETSTAT",
+        ];
         NAMES.get(procedure as usize).copied().unwrap_or("unknown")
     }
 }
@@ -206,24 +234,90 @@ mod tests {
         assert_eq!(Portmap::universal_address("[::ffff:10.0.0.1]:111".parse().unwrap(), 20048), "10.0.0.1.78.80");
     }
 
-    /// rpcbind v3 DUMP: (netid, universal address) of every entry, asked at `local`.
-    fn rpcb_dump(local: &str) -> Vec<(String, String)> {
+    /// The result of `procedure` of rpcbind `version`, called over `transport` at `local`
+    /// of a portmapper on 111 for NFS on 2049.
+    fn call(local: &str, transport: Transport, version: u32, procedure: u32, args: &[u8]) -> Vec<u8> {
         let pm = Portmap::new(Arc::new(AtomicU16::new(2049)), 111);
         let ctx = CallContext {
             xid: 1,
             program: PROGRAM,
-            version: 3,
-            procedure: 4,
+            version,
+            procedure,
             credential: crate::rpc::Credential::None,
             peer: "127.0.0.1:900".parse().unwrap(),
             local: local.parse().unwrap(),
-            transport: crate::rpc::Transport::Tcp,
+            transport,
             may_block: false,
             early_reply: None,
         };
         let mut out = XdrWriter::new();
-        pm.call(&ctx, &mut XdrReader::new(&[]), &mut out).unwrap();
-        let bytes = out.into_inner();
+        pm.call(&ctx, &mut XdrReader::new(args), &mut out).unwrap();
+        out.into_inner()
+    }
+
+    /// An rpcb argument for `program` and `version` naming `netid`.
+    fn rpcb(program: u32, version: u32, netid: &str) -> Vec<u8> {
+        let mut w = XdrWriter::new();
+        w.u32(program);
+        w.u32(version);
+        w.opaque(netid.as_bytes());
+        w.opaque(b"");
+        w.opaque(b"");
+        w.into_inner()
+    }
+
+    fn string(r: &mut XdrReader<'_>) -> String {
+        String::from_utf8(r.opaque(64).unwrap().to_vec()).unwrap()
+    }
+
+    #[test]
+    fn getaddr_answers_for_the_transport_called_whatever_netid_is_asked() {
+        // libnfs over IPv6 asks with an empty netid; RFC 1833 says the netid is ignored.
+        for (local, transport, netid, uaddr) in [
+            ("[::1]:111", Transport::Tcp, "", "::1.8.1"),
+            ("[::1]:111", Transport::Udp, "", "::1.8.1"),
+            ("127.0.0.1:111", Transport::Tcp, "udp", "127.0.0.1.8.1"),
+            ("127.0.0.1:111", Transport::Udp, "no such netid", "127.0.0.1.8.1"),
+        ] {
+            for (version, procedure) in [(3, proc::GETADDR), (4, proc::GETADDR), (4, proc::GETVERSADDR)] {
+                let reply = call(local, transport, version, procedure, &rpcb(100005, 3, netid));
+                assert_eq!(string(&mut XdrReader::new(&reply)), uaddr, "{local} {transport:?} {netid:?} v{version} proc {procedure}");
+            }
+        }
+        // A program not served has no address, whatever the netid.
+        let reply = call("[::1]:111", Transport::Tcp, 4, proc::GETADDR, &rpcb(100021, 4, "tcp6"));
+        assert_eq!(string(&mut XdrReader::new(&reply)), "");
+    }
+
+    #[test]
+    fn getaddrlist_lists_each_transport_of_the_family_called() {
+        let entries = |local: &str, program: u32, version: u32| {
+            let reply = call(local, Transport::Udp, 4, proc::GETADDRLIST, &rpcb(program, version, ""));
+            let mut r = XdrReader::new(&reply);
+            let mut entries = Vec::new();
+            while r.bool().unwrap() {
+                let (uaddr, netid, semantics) = (string(&mut r), string(&mut r), r.u32().unwrap());
+                entries.push((uaddr, netid, semantics, string(&mut r), string(&mut r)));
+            }
+            assert_eq!(r.remaining(), 0, "nothing follows the list");
+            entries
+        };
+        let v6 = entries("[::1]:111", 100003, 3);
+        let expected = |addr: &str, tcp: &str, udp: &str, family: &str| {
+            vec![
+                (format!("{addr}.8.1"), tcp.to_string(), 3, family.to_string(), "tcp".to_string()),
+                (format!("{addr}.8.1"), udp.to_string(), 1, family.to_string(), "udp".to_string()),
+            ]
+        };
+        assert_eq!(v6, expected("::1", "tcp6", "udp6", "inet6"));
+        assert_eq!(entries("[::ffff:127.0.0.1]:111", 100003, 3), expected("127.0.0.1", "tcp", "udp", "inet"));
+        // Exactly the version asked for, as rpcbind lists them.
+        assert_eq!(entries("127.0.0.1:111", 100003, 4), vec![]);
+    }
+
+    /// rpcbind v3 DUMP: (netid, universal address) of every entry, asked at `local`.
+    fn rpcb_dump(local: &str) -> Vec<(String, String)> {
+        let bytes = call(local, Transport::Tcp, 3, proc::DUMP, &[]);
         let mut r = XdrReader::new(&bytes);
         let mut entries = Vec::new();
         while r.bool().unwrap() {

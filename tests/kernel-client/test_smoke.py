@@ -51,7 +51,8 @@ def _pattern_data() -> bytes:
 GUEST_SCRIPT = r"""
 set -eux
 M=/mnt/nfs
-timeout 90 mount -t nfs -o {opts} 10.0.2.2:{path} $M
+{setup}
+timeout 90 mount -t nfs -o {opts} {server}:{path} $M
 grep " $M " /proc/mounts >&2
 echo "hello: $(cat $M/hello.txt)"
 # 4 MiB of a repeating pattern (the host knows its md5).
@@ -86,16 +87,23 @@ def _stop(proc: subprocess.Popen, timeout: float = 10) -> None:
         proc.wait()
 
 
+def guest_script(opts: str, path: str, server: str = "10.0.2.2", setup: str = "") -> str:
+    """GUEST_SCRIPT mounting ``server:path`` with ``opts``, after the shell lines ``setup``."""
+    return GUEST_SCRIPT.format(opts=opts, path=path, server=server, setup=setup, nbytes=DATA_BYTES,
+                               pattern=PATTERN.decode().rstrip("\n"))
+
+
 @contextlib.contextmanager
-def _nasd(ns: Netns, export: Path, logdir: Path):
+def _nasd(ns: Netns, export: Path, logdir: Path, host: str = "127.0.0.1", args=()):
     port = 2049
     log = open(logdir / "nasd.log", "wb")
-    proc = ns.popen([str(NASD), "serve", str(export), "--listen", f"127.0.0.1:{port}",
-                     "--no-root-squash"], stdout=log, stderr=subprocess.STDOUT,
+    listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    proc = ns.popen([str(NASD), "serve", str(export), "--listen", listen,
+                     "--no-root-squash", *args], stdout=log, stderr=subprocess.STDOUT,
                     start_new_session=True)
     try:
         try:
-            ns.wait_tcp(port, timeout=30, proc=proc)
+            ns.wait_tcp(port, host=host, timeout=30, proc=proc)
         except Exception as e:
             raise RuntimeError(f"nasd did not start: {e}\n"
                                f"{(logdir / 'nasd.log').read_text(errors='replace')[-3000:]}")
@@ -131,15 +139,18 @@ def test_smoke_v3(server: str, tmp_path: Path, guest_image: vm.Image) -> None:
     with Netns() as ns, SERVERS[server](ns, export, tmp_path) as srv:
         opts = (f"vers=3,proto=tcp,port={srv['port']},mountport={srv['mount_port']},"
                 f"mountproto=tcp,nolock")
-        script = GUEST_SCRIPT.format(opts=opts, path=srv["path"], nbytes=DATA_BYTES,
-                                     pattern=PATTERN.decode().rstrip("\n"))
-        res = vm.run_guest(script, ns, timeout=300, image=guest_image)
+        res = vm.run_guest(guest_script(opts, srv["path"]), ns, timeout=300, image=guest_image)
     print(f"\n===== {server}: rc={res.rc} ({res.seconds:.1f}s) =====")
     print(f"--- {server} stdout ---\n{res.stdout}")
     print(f"--- {server} stderr ---\n{res.stderr}")
     if res.rc != 0:
         print(f"--- {server} console tail ---\n{res.console[-3000:]}")
 
+    _assert_script_ran(res, server, export)
+
+
+def _assert_script_ran(res: vm.GuestResult, server: str, export: Path) -> None:
+    """GUEST_SCRIPT ran to its end, and what it did is what the export holds."""
     assert res.rc == 0, f"guest script failed on {server}:\n{res.stderr[-2000:]}"
     out = dict(line.split(": ", 1) for line in res.stdout.splitlines() if ": " in line)
     assert out["hello"] == HELLO.strip()
@@ -151,6 +162,32 @@ def test_smoke_v3(server: str, tmp_path: Path, guest_image: vm.Image) -> None:
     # What the guest did is visible on the exported directory.
     assert (export / "keep.txt").read_text() == "from the guest\n"
     assert sorted(p.name for p in export.iterdir()) == ["hello.txt", "keep.txt"]
+
+
+# qemu's user network gives the guest fec0::/64 and connects its fec0::2 to ::1 of the
+# namespace qemu runs in. `nodad`: the address is usable at once, without waiting out
+# duplicate address detection.
+GUEST_IPV6 = """NIC=$(ls /sys/class/net | grep -vx lo | head -n 1)
+ip -6 addr add fec0::15/64 dev "$NIC" nodad"""
+
+
+def test_smoke_v3_over_ipv6_through_the_embedded_portmapper(tmp_path: Path, guest_image: vm.Image) -> None:
+    """The kernel client mounts nasd over IPv6 with no port given: mount.nfs asks the
+    embedded rpcbind (v4/v3 GETADDR over tcp6) for MOUNT's and NFS's addresses."""
+    export = tmp_path / "export"
+    export.mkdir()
+    os.chmod(export, 0o777)
+    (export / "hello.txt").write_text(HELLO)
+    with Netns() as ns, _nasd(ns, export, tmp_path, host="::1", args=["--portmap"]) as srv:
+        script = guest_script("vers=3,proto=tcp6,mountproto=tcp6,nolock", srv["path"],
+                              server="[fec0::2]", setup=GUEST_IPV6)
+        res = vm.run_guest(script, ns, timeout=300, image=guest_image)
+    print(f"\n===== nasd over IPv6: rc={res.rc} ({res.seconds:.1f}s) =====")
+    print(f"--- stdout ---\n{res.stdout}\n--- stderr ---\n{res.stderr[-3000:]}")
+    _assert_script_ran(res, "nasd over IPv6", export)
+    # The client the guest's mount came from, as /proc/mounts names the server.
+    mounted = [line for line in res.stderr.splitlines() if " /mnt/nfs nfs " in line]
+    assert mounted and "addr=fec0::2" in mounted[0] and "mountproto=tcp6" in mounted[0], mounted
 
 
 @pytest.mark.parametrize("server", ["ganesha", "nasd"])
@@ -165,9 +202,7 @@ def test_smoke_v42(server: str, tmp_path: Path, guest_image: vm.Image) -> None:
     with Netns() as ns, SERVERS[server](ns, export, tmp_path) as srv:
         path = srv.get("pseudo", srv["path"])
         opts = f"vers=4.2,proto=tcp,port={srv['port']}"
-        script = GUEST_SCRIPT.format(opts=opts, path=path, nbytes=DATA_BYTES,
-                                     pattern=PATTERN.decode().rstrip("\n"))
-        res = vm.run_guest(script, ns, timeout=300, image=guest_image)
+        res = vm.run_guest(guest_script(opts, path), ns, timeout=300, image=guest_image)
     print(f"\n===== {server} v4.2: rc={res.rc} ({res.seconds:.1f}s) =====")
     print(f"--- stdout ---\n{res.stdout}\n--- stderr ---\n{res.stderr[-3000:]}")
     if server == "nasd":

@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_BINARY = REPO / "target" / "release" / "nasd"
 
-__all__ = ["Nasd", "NasdError", "free_port", "default_binary"]
+__all__ = ["Nasd", "NasdError", "free_port", "host_port", "default_binary"]
 
 
 class NasdError(RuntimeError):
@@ -44,10 +44,15 @@ class NasdError(RuntimeError):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago."""
-    with socket.socket() as s:
+    """A TCP port that was free on ``host`` (IPv4 or IPv6) a moment ago."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port`` as nasd's --listen takes it (IPv6 in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def default_binary() -> Path:
@@ -65,7 +70,10 @@ def _tcp_open(host: str, port: int, timeout: float = 0.5) -> bool:
 class Nasd:
     """A nasd server process (context manager).
 
-    Attributes: ``port``, ``host``, ``export_dir`` (absolute, or None with
+    ``host`` is the address clients call (IPv4 or IPv6) and, unless ``listen`` names
+    another, the one nasd listens on.
+
+    Attributes: ``port``, ``host``, ``listen``, ``export_dir`` (absolute, or None with
     ``exports_file``), ``state_dir`` (kept across restart(); a temp dir
     removed at exit unless passed in), ``proc``, ``pid``, ``returncode``
     (of the last run that ended), ``argv`` (of the current/last run).
@@ -74,7 +82,7 @@ class Nasd:
     def __init__(self, export_dir=None, args=(), netns=None, port=None,
                  binary=None, exports_file=None, state_dir=None, env=None,
                  host="127.0.0.1", start_timeout=30.0, stop_timeout=10.0,
-                 wait_ready=True):
+                 wait_ready=True, listen=None):
         if (export_dir is None) == (exports_file is None):
             raise ValueError("give exactly one of export_dir or exports_file")
         self.export_dir = os.path.abspath(export_dir) if export_dir is not None else None
@@ -82,6 +90,9 @@ class Nasd:
         self.args = [os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in args]
         self.netns = netns
         self.host = host
+        # The address nasd listens on, when clients reach it by another (`::` for both
+        # IPv4 and IPv6 clients of one socket).
+        self.listen = listen or host
         self._auto_port = port is None and netns is None
         self.port = port if port is not None else (2049 if netns is not None else free_port(host))
         self.binary = Path(binary) if binary else default_binary()
@@ -108,7 +119,7 @@ class Nasd:
             cmd.append(self.export_dir)
         else:
             cmd += ["--exports", self.exports_file]
-        cmd += ["--listen", f"{self.host}:{self.port}", "--state-dir", str(self.state_dir)]
+        cmd += ["--listen", host_port(self.listen, self.port), "--state-dir", str(self.state_dir)]
         return cmd + list(self.args)
 
     def url(self, path: str = "", version: int = 3, export: str | None = None) -> str:
@@ -215,7 +226,7 @@ class Nasd:
         assert self.proc is not None
         if self.netns is not None:
             try:
-                self.netns.wait_tcp(self.port, timeout=timeout, proc=self.proc)
+                self.netns.wait_tcp(self.port, host=self.host, timeout=timeout, proc=self.proc)
             except Exception as e:
                 raise NasdError(f"nasd did not start in netns: {e}\n--- log tail ---\n"
                                 f"{self._last_run_log()[-4000:]}") from e

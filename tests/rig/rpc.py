@@ -316,13 +316,18 @@ _xids = itertools.count(random.randrange(1, 1 << 30))
 class RpcClient:
     """One TCP connection or one UDP socket to ``host:port``."""
 
-    def __init__(self, host: str, port: int, proto: str = "tcp", src_addr: str = "127.0.0.1",
+    def __init__(self, host: str, port: int, proto: str = "tcp", src_addr: str | None = None,
                  src_port=None, cred: Cred = AUTH_NONE_CRED, timeout: float = 10.0):
+        """``host`` and ``src_addr`` are IPv4 or IPv6 addresses; ``src_addr`` defaults to
+        the loopback address of ``host``'s family."""
         self.host, self.port, self.proto = host, port, proto
         self.cred = cred
         self.timeout = timeout
         kind = socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM
-        s = socket.socket(socket.AF_INET, kind)
+        v6 = ":" in host
+        if src_addr is None:
+            src_addr = "::1" if v6 else "127.0.0.1"
+        s = socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, kind)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             if src_port == "privileged":
