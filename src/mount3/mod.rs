@@ -2,6 +2,11 @@
 //!
 //! Served on the same port as NFS. MNT resolves a path inside an export component by
 //! component, never following symlinks, and answers with the directory's file handle.
+//!
+//! Versions 1 and 2 (RFC 1094) are served too, except their MNT, which answers with an
+//! NFSv2 handle (NFSv2 is not served): their DUMP, UMNT, UMNTALL and EXPORT are version
+//! 3's. `showmount` on FreeBSD, macOS and illumos asks with version 1, and libnfs looks
+//! for servers with a NULL of version 2.
 
 use crate::rpc::{CallContext, ProcError, RpcProgram, Transport};
 use crate::server::state::ServerState;
@@ -15,6 +20,8 @@ pub use list::MountList;
 
 pub const PROGRAM: u32 = 100005;
 pub const VERSION: u32 = 3;
+/// The oldest version whose listings are answered.
+pub const OLDEST_VERSION: u32 = 1;
 const MNTPATHLEN: usize = 1024;
 /// Mounts DUMP lists per client address, and in all.
 pub const MOUNTS_PER_CLIENT: usize = 64;
@@ -255,10 +262,14 @@ impl RpcProgram for Mount3 {
     }
 
     fn versions(&self) -> (u32, u32) {
-        (VERSION, VERSION)
+        (OLDEST_VERSION, VERSION)
     }
 
     fn call(&self, ctx: &CallContext, args: &mut XdrReader<'_>, out: &mut XdrWriter) -> Result<(), ProcError> {
+        // Version 2's PATHCONF is not decoded either.
+        if ctx.version < VERSION && ctx.procedure == proc::MNT {
+            return Err(ProcError::ProcUnavail);
+        }
         let args = Args::decode(ctx.procedure, args).ok_or(ProcError::ProcUnavail)??;
         match args {
             Args::Null => {}

@@ -16,12 +16,16 @@ pub mod proc {
     pub const GETADDR: u32 = 3;
     /// DUMP, in portmap v2 and rpcbind v3 and v4 alike.
     pub const DUMP: u32 = 4;
+    /// CALLIT (v2, v3) and BCAST (v4): a call passed on to a program, mostly broadcast.
+    pub const CALLIT: u32 = 5;
     pub const GETVERSADDR: u32 = 9;
     pub const GETADDRLIST: u32 = 11;
 }
 const IPPROTO_TCP: u32 = 6;
 const IPPROTO_UDP: u32 = 17;
 const MAX_STR: usize = 256;
+/// Arguments of a call CALLIT passes on; only NULL's, which are empty, are looked at.
+const MAX_CALLIT_ARGS: usize = 8192;
 
 /// One registered service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +55,8 @@ pub enum Args<'a> {
     Rpcb(Rpcb<'a>),
     Dump,
     GetTime,
+    /// CALLIT/BCAST: program, version, procedure (its arguments are not needed).
+    CallIt(u32, u32, u32),
 }
 
 impl<'a> Args<'a> {
@@ -71,6 +77,11 @@ impl<'a> Args<'a> {
             (3 | 4, 1..=3) | (4, proc::GETVERSADDR | proc::GETADDRLIST) => rpcb(r),
             (_, 4) => Ok(Args::Dump),
             (3 | 4, 6) => Ok(Args::GetTime),
+            (_, proc::CALLIT) => (|| {
+                let call = (r.u32()?, r.u32()?, r.u32()?);
+                r.opaque(MAX_CALLIT_ARGS)?;
+                Ok(Args::CallIt(call.0, call.1, call.2))
+            })(),
             _ => return None,
         })
     }
@@ -96,7 +107,11 @@ impl Portmap {
                 v.push(Mapping { program: PROGRAM, version, protocol, port: self.own_port });
             }
             v.push(Mapping { program: crate::nfs3::xdr::PROGRAM, version: 3, protocol, port: nfs });
-            v.push(Mapping { program: crate::mount3::PROGRAM, version: 3, protocol, port: nfs });
+            // MOUNT 1 and 2 for their listings (showmount on the BSDs; libnfs's discovery
+            // of servers calls NULL of version 2).
+            for version in crate::mount3::OLDEST_VERSION..=crate::mount3::VERSION {
+                v.push(Mapping { program: crate::mount3::PROGRAM, version, protocol, port: nfs });
+            }
         }
         v
     }
@@ -203,6 +218,23 @@ impl RpcProgram for Portmap {
                     out.opaque(b"nasd");
                 }
                 out.bool(false);
+            }
+            // As rpcbind, a CALLIT is answered only if the call it carries succeeds, so a
+            // broadcast gets replies from the servers of the program alone (libnfs's
+            // discovery of servers gives up on any other reply). Only NULL of a program
+            // served here is run: it does nothing, and nothing is passed on.
+            Args::CallIt(program, version, procedure) => {
+                let protocol = match ctx.transport {
+                    Transport::Tcp => IPPROTO_TCP,
+                    Transport::Udp => IPPROTO_UDP,
+                };
+                let port = self.find(program, version, protocol, true).filter(|_| procedure == 0).ok_or(ProcError::Drop)?;
+                if ctx.version == 2 {
+                    out.u32(port as u32);
+                } else {
+                    out.opaque(Self::universal_address(ctx.local, port).as_bytes());
+                }
+                out.opaque(b"");
             }
             Args::GetTime => {
                 let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
@@ -313,6 +345,54 @@ mod tests {
         assert_eq!(entries("[::ffff:127.0.0.1]:111", 100003, 3), expected("127.0.0.1", "tcp", "udp", "inet"));
         // Exactly the version asked for, as rpcbind lists them.
         assert_eq!(entries("127.0.0.1:111", 100003, 4), vec![]);
+    }
+
+    /// The arguments of a CALLIT of `procedure` of `program` `version`, with no arguments.
+    fn callit(program: u32, version: u32, procedure: u32) -> Vec<u8> {
+        let mut w = XdrWriter::new();
+        w.u32(program);
+        w.u32(version);
+        w.u32(procedure);
+        w.opaque(b"");
+        w.into_inner()
+    }
+
+    #[test]
+    fn callit_answers_only_a_null_of_a_program_served_here() {
+        let pm = Portmap::new(Arc::new(AtomicU16::new(2049)), 111);
+        let ctx = |version, local: &str| CallContext {
+            xid: 1,
+            program: PROGRAM,
+            version,
+            procedure: proc::CALLIT,
+            credential: crate::rpc::Credential::None,
+            peer: "10.0.0.9:900".parse().unwrap(),
+            local: local.parse().unwrap(),
+            transport: Transport::Udp,
+            may_block: false,
+            early_reply: None,
+        };
+        let run = |version, local: &str, args: &[u8]| {
+            let mut out = XdrWriter::new();
+            pm.call(&ctx(version, local), &mut XdrReader::new(args), &mut out).map(|()| out.into_inner())
+        };
+        // libnfs looks for servers with a broadcast CALLIT of MOUNT 2's NULL.
+        let reply = run(2, "10.0.0.1:111", &callit(100005, 2, 0)).expect("answered");
+        let mut r = XdrReader::new(&reply);
+        assert_eq!((r.u32().unwrap(), r.opaque(8).unwrap(), r.remaining()), (2049, &b""[..], 0));
+        for version in [3, 4] {
+            let reply = run(version, "[::ffff:10.0.0.1]:111", &callit(100003, 3, 0)).expect("answered");
+            let mut r = XdrReader::new(&reply);
+            assert_eq!((string(&mut r), r.opaque(8).unwrap(), r.remaining()), ("10.0.0.1.8.1".to_string(), &b""[..], 0));
+        }
+        // Anything else is not answered at all, as rpcbind does when the call fails: a
+        // procedure other than NULL (which would be passed on), a program or a version
+        // not served.
+        for args in [callit(100005, 3, 1), callit(100021, 4, 0), callit(100003, 4, 0)] {
+            for version in [2, 3, 4] {
+                assert_eq!(run(version, "10.0.0.1:111", &args), Err(ProcError::Drop));
+            }
+        }
     }
 
     /// rpcbind v3 DUMP: (netid, universal address) of every entry, asked at `local`.

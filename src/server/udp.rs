@@ -159,10 +159,13 @@ fn receive(fd: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, SocketAddr, Opt
 
 /// Sends `payload` to `peer` without waiting (UDP is best effort: the client resends),
 /// from where the call arrived when that is known. Should the kernel refuse that source
-/// (a broadcast address reported on a dual-stack socket), it chooses one itself.
+/// (a broadcast address reported on a dual-stack socket: EINVAL or ENETUNREACH), it
+/// chooses one itself.
 fn send(fd: RawFd, payload: &[u8], peer: SocketAddr, from: Option<Arrival>) -> std::io::Result<()> {
     match send_from(fd, payload, peer, from) {
-        Err(e) if from.is_some() && e.raw_os_error() == Some(libc::EINVAL) => send_from(fd, payload, peer, None),
+        Err(e) if from.is_some() && matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENETUNREACH | libc::EADDRNOTAVAIL)) => {
+            send_from(fd, payload, peer, None)
+        }
         sent => sent,
     }
 }

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `impor
 from rig.nasd import Nasd, free_port  # noqa: E402
 from rig import rpc  # noqa: E402
 from rig.rpc import (Nfs3Client, RpcClient, Packer, decode_pmaplist, NFS_PROG, MOUNT_PROG,  # noqa: E402
-                     PMAP_PROG, IPPROTO_TCP, IPPROTO_UDP)
+                     PMAP_PROG, IPPROTO_TCP, IPPROTO_UDP, nfs3_args)
 from integration._common import ROOT, make_export, write_exports  # noqa: E402
 
 
@@ -130,6 +130,32 @@ def test_export_lists_the_export_path(srv):
     assert exports == [(os.path.realpath(srv.export_dir), ["127.0.0.0/8"])]
 
 
+def test_mount_version_1_lists_exports_and_mounts_and_unmounts_but_mounts_nothing(srv):
+    """`showmount` on FreeBSD, macOS and illumos asks with MOUNT version 1, whose EXPORT,
+    DUMP, UMNT and UMNTALL are version 3's; its MNT would answer with an NFSv2 handle."""
+    ip = "127.0.0.11"
+    exp = srv.export_dir
+    with Nfs3Client(srv.host, srv.port, src_addr=ip, cred=ROOT) as c:
+        assert c.mnt(exp).status == rpc.MNT3_OK
+        for proto in ("tcp", "udp"):
+            with Nfs3Client(srv.host, srv.port, proto=proto, src_addr=ip, cred=ROOT) as v1:
+                assert rpc.decode_exports(v1.call(MOUNT_PROG, 1, 5)) == c.mount_export()
+                assert (ip, exp) in rpc.decode_mountlist(v1.call(MOUNT_PROG, 1, 2))
+                refused = v1.call(MOUNT_PROG, 1, 1, nfs3_args.mnt(exp))
+                assert refused.accepted and refused.accept_stat == rpc.PROC_UNAVAIL, refused
+                # Version 2 alike (its PATHCONF is not served either).
+                assert v1.call(MOUNT_PROG, 2, 1, nfs3_args.mnt(exp)).accept_stat == rpc.PROC_UNAVAIL
+                assert v1.call(MOUNT_PROG, 2, 7, nfs3_args.mnt(exp)).accept_stat == rpc.PROC_UNAVAIL
+                assert v1.call(MOUNT_PROG, 4, 0).mismatch == (1, 3)
+        with Nfs3Client(srv.host, srv.port, src_addr=ip, cred=ROOT) as v1:
+            assert v1.call(MOUNT_PROG, 1, 3, nfs3_args.mnt(exp)).success    # UMNT
+        assert _mine(srv, ip) == []
+        assert c.mnt(exp).status == rpc.MNT3_OK
+        with Nfs3Client(srv.host, srv.port, src_addr=ip, cred=ROOT) as v1:
+            assert v1.call(MOUNT_PROG, 1, 4).success                       # UMNTALL
+        assert _mine(srv, ip) == []
+
+
 def test_export_lists_every_export_of_an_exports_file(tmp_path):
     e1 = make_export(tmp_path, "one")
     e2 = make_export(tmp_path, "two")
@@ -235,11 +261,14 @@ def test_portmap_v2_dump_lists_nfs_and_mount(pmap_srv, proto):
         assert (NFS_PROG, 3, prot, n.port) in maps, maps
         assert (MOUNT_PROG, 3, prot, n.port) in maps, maps
         assert (PMAP_PROG, 2, prot, n.pmap_port) in maps, maps
-    # nothing that is not served: NFS and MOUNT only in version 3, and always on nasd's port
+    # nothing that is not served: NFS only in version 3, MOUNT in 1 to 3 (the listings of
+    # 1 and 2), always on nasd's port
     for prog, vers, prot, port in maps:
         assert prot in (IPPROTO_TCP, IPPROTO_UDP)
-        if prog in (NFS_PROG, MOUNT_PROG):
+        if prog == NFS_PROG:
             assert (vers, port) == (3, n.port), (prog, vers, prot, port)
+        elif prog == MOUNT_PROG:
+            assert vers in (1, 2, 3) and port == n.port, (prog, vers, prot, port)
         else:
             assert prog == PMAP_PROG and port == n.pmap_port
 

@@ -46,10 +46,12 @@ def test_rpcinfo_finds_nfs_and_mount_through_the_embedded_portmapper(served):
     rows = {tuple(line.split()[:4]) for line in p.stdout.splitlines()[1:]}
     for proto in ("tcp", "udp"):
         assert ("100003", "3", proto, str(n.port)) in rows, p.stdout
-        assert ("100005", "3", proto, str(n.port)) in rows, p.stdout
+        for vers in ("1", "2", "3"):    # MOUNT 1 and 2 for their listings
+            assert ("100005", vers, proto, str(n.port)) in rows, p.stdout
         for vers in ("2", "3", "4"):
             assert ("100000", vers, proto, "111") in rows, p.stdout
-    assert not any(r[0] in ("100003", "100005") and r[1] != "3" for r in rows), "only version 3 is served"
+    assert not any(r[0] == "100003" and r[1] != "3" for r in rows), "only NFS version 3 is served"
+    assert not any(r[0] == "100005" and r[1] not in ("1", "2", "3") for r in rows), p.stdout
 
     p = _run(ns, "rpcinfo", "127.0.0.1")                # rpcbind v4 DUMP: universal addresses
     assert p.returncode == 0, p.stderr
@@ -118,3 +120,26 @@ def test_showmount_lists_exports_and_mounts(served):
     p = _run(ns, "showmount", "-a", "127.0.0.1")
     assert p.returncode == 0, p.stderr
     assert f"127.0.0.1:{os.path.realpath(export)}" in p.stdout.splitlines()[1:], p.stdout
+
+
+@pytest.mark.skipif(shutil.which("nfs-ls") is None, reason="nfs-ls not installed (Debian package libnfs-utils)")
+@pytest.mark.parametrize("listen", ["0.0.0.0", "::"])
+def test_libnfs_finds_the_server_by_broadcast(tmp_path, listen):
+    """`nfs-ls -D nfs://` broadcasts a portmap CALLIT of MOUNT 2's NULL on each interface
+    and lists the servers that answer; any other answer makes it list none at all. Two
+    namespaces joined by a veth pair stand for a network; on `::` the broadcast arrives
+    v4-mapped, and the reply must leave from the interface's own address."""
+    export = make_export(tmp_path, "share")
+    with Netns() as server_ns, Netns() as client_ns:
+        server_if, client_if = f"nv{server_ns.name[-8:]}", f"nv{client_ns.name[-8:]}"
+        for argv in (
+            ["-n", server_ns.name, "link", "add", server_if, "type", "veth", "peer", "name", client_if, "netns", client_ns.name],
+            ["-n", server_ns.name, "addr", "add", "10.99.0.1/24", "brd", "+", "dev", server_if],
+            ["-n", client_ns.name, "addr", "add", "10.99.0.2/24", "brd", "+", "dev", client_if],
+            ["-n", server_ns.name, "link", "set", server_if, "up"],
+            ["-n", client_ns.name, "link", "set", client_if, "up"],
+        ):
+            subprocess.run(["ip", *argv], check=True, capture_output=True, timeout=30)
+        with Nasd(export, netns=server_ns, host="127.0.0.1", listen=listen, args=["--portmap"]) as n:
+            p = _run(client_ns, "nfs-ls", "-D", "nfs://")
+            assert p.returncode == 0 and p.stdout.split() == ["nfs://10.99.0.1"], (p.stdout, p.stderr, n.log()[-2000:])
