@@ -134,6 +134,14 @@ impl Portmap {
         }
     }
 
+    /// The protocol number of `transport`, as mappings name it.
+    fn protocol(transport: Transport) -> u32 {
+        match transport {
+            Transport::Tcp => IPPROTO_TCP,
+            Transport::Udp => IPPROTO_UDP,
+        }
+    }
+
     /// The netid of `protocol` in the family of the address called.
     fn netid(protocol: u32, local: SocketAddr) -> &'static str {
         let v6 = crate::exports::canonical_ip(local.ip()).is_ipv6();
@@ -187,11 +195,7 @@ impl RpcProgram for Portmap {
                 proc::GETADDR | proc::GETVERSADDR => {
                     // RFC 1833: the netid asked for is ignored; it is the transport's the
                     // call came in on, as rpcbind answers (libnfs sends an empty one).
-                    let protocol = match ctx.transport {
-                        Transport::Tcp => IPPROTO_TCP,
-                        Transport::Udp => IPPROTO_UDP,
-                    };
-                    let port = self.find(rpcb.program, rpcb.version, protocol, ctx.procedure == proc::GETVERSADDR);
+                    let port = self.find(rpcb.program, rpcb.version, Self::protocol(ctx.transport), ctx.procedure == proc::GETVERSADDR);
                     let uaddr = port.map(|p| Self::universal_address(ctx.local, p)).unwrap_or_default();
                     out.opaque(uaddr.as_bytes());
                 }
@@ -224,11 +228,7 @@ impl RpcProgram for Portmap {
             // discovery of servers gives up on any other reply). Only NULL of a program
             // served here is run: it does nothing, and nothing is passed on.
             Args::CallIt(program, version, procedure) => {
-                let protocol = match ctx.transport {
-                    Transport::Tcp => IPPROTO_TCP,
-                    Transport::Udp => IPPROTO_UDP,
-                };
-                let port = self.find(program, version, protocol, true).filter(|_| procedure == 0).ok_or(ProcError::Drop)?;
+                let port = self.find(program, version, Self::protocol(ctx.transport), true).filter(|_| procedure == 0).ok_or(ProcError::Drop)?;
                 if ctx.version == 2 {
                     out.u32(port as u32);
                 } else {
