@@ -322,6 +322,9 @@ pub struct Stuck {
 pub struct Deadlines {
     /// Seconds the job measures (runtime + ramp); 0 for size-based jobs.
     pub measures: u64,
+    /// Seconds of runtime (ramp excluded) that a report of a fio hanging at exit must
+    /// cover to stand for the job: all of it, but for the status interval and some slack.
+    pub runtime: u64,
     /// Seconds allowed after measuring to finish and report, before fio is taken to hang
     /// on its way out.
     pub exit_grace: u64,
@@ -330,14 +333,22 @@ pub struct Deadlines {
 }
 
 impl Deadlines {
-    /// A job that measures for `measures` seconds.
-    pub fn time_based(measures: u64, stuck: u64) -> Self {
-        Self { measures, exit_grace: 15, stuck }
+    /// A job that runs `runtime` seconds after a ramp of `ramp`.
+    pub fn time_based(runtime: u64, ramp: u64, stuck: u64) -> Self {
+        Self { measures: runtime + ramp, runtime, exit_grace: 15, stuck }
     }
 
     /// A job that ends when its size is done.
     pub fn size_based(stuck: u64) -> Self {
-        Self { measures: 0, exit_grace: 0, stuck }
+        Self { measures: 0, runtime: 0, exit_grace: 0, stuck }
+    }
+
+    /// Whether a last report covering `covered` seconds stands for the whole job: a fio
+    /// that stopped reporting earlier hung while measuring, and its figure is partial.
+    /// (fio reports every second; whether its job time counts the ramp does not matter.)
+    fn covers_the_job(&self, covered: f64) -> bool {
+        let runtime = self.runtime as f64;
+        covered >= runtime - (runtime / 4.0).min(2.0)
     }
 }
 
@@ -413,7 +424,7 @@ pub fn wait(running: Running, args: &[String], deadlines: Deadlines) -> Result<F
         let elapsed = started.elapsed();
         if hung_after.is_some_and(|t| elapsed > t) {
             let report = extract_json(&out.lock().unwrap()).ok();
-            if let Some(covered) = report.map(|r| covered_seconds(&r)).filter(|&c| c * 2.0 >= deadlines.measures as f64) {
+            if let Some(covered) = report.map(|r| covered_seconds(&r)).filter(|&c| deadlines.covers_the_job(c)) {
                 kill_group(&mut child);
                 hung_at_exit = Some(covered);
                 break None;
@@ -548,14 +559,17 @@ Failed NFS operation(code:-14)
 
     /// A stand-in for fio that prints one status report and then hangs, as fio does when
     /// libnfs waits forever during teardown.
-    fn hanging_fio(dir: &Path, covered_ms: u64) -> std::path::PathBuf {
+    /// Runs, with `deadlines`, a fake fio that prints a report covering `covered_ms` and
+    /// hangs. The shell reads the script: a script just written and executed itself can
+    /// fail with ETXTBSY while another test thread's child still holds it open.
+    fn run_hanging_fio(covered_ms: u64, deadlines: Deadlines) -> Result<FioRun> {
+        let dir = tempfile::tempdir().unwrap();
         let report = SAMPLE.replace("\"jobname\"", &format!("\"job_runtime\" : {covered_ms},\n      \"jobname\""));
-        let json = dir.join("report.json");
+        let json = dir.path().join("report.json");
         std::fs::write(&json, report).unwrap();
-        let script = dir.join("fio");
-        std::fs::write(&script, format!("#!/bin/sh\ncat {}\nexec sleep 60\n", json.display())).unwrap();
-        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-        script
+        let script = dir.path().join("fio");
+        std::fs::write(&script, format!("cat {}\nexec sleep 60\n", json.display())).unwrap();
+        run(Path::new("/bin/sh"), &[script.display().to_string()], deadlines)
     }
 
     #[test]
@@ -576,17 +590,15 @@ Failed NFS operation(code:-14)
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         for (r, m) in running.into_iter().zip(&markers) {
-            let run = wait(r, &[m.clone()], Deadlines { measures: 0, exit_grace: 0, stuck: 30 }).unwrap();
+            let run = wait(r, &[m.clone()], Deadlines { measures: 0, runtime: 0, exit_grace: 0, stuck: 30 }).unwrap();
             assert_eq!(run.result.read.ios, 1000);
         }
     }
 
     #[test]
     fn a_hang_after_measuring_keeps_the_last_report() {
-        let dir = tempfile::tempdir().unwrap();
-        let fio = hanging_fio(dir.path(), 1000);
         let t = std::time::Instant::now();
-        let run = run(&fio, &[], Deadlines { measures: 1, exit_grace: 0, stuck: 30 }).unwrap();
+        let run = run_hanging_fio(1000, Deadlines { measures: 1, runtime: 1, exit_grace: 0, stuck: 30 }).unwrap();
         assert!(t.elapsed() < std::time::Duration::from_secs(20));
         assert_eq!(run.hung_at_exit, Some(1.0));
         assert_eq!(run.result.read.ios, 1000);
@@ -594,10 +606,21 @@ Failed NFS operation(code:-14)
 
     #[test]
     fn a_hang_before_measuring_enough_is_stuck() {
-        let dir = tempfile::tempdir().unwrap();
         // Covers 0.2 s of a 2 s job: not enough to stand for the job.
-        let fio = hanging_fio(dir.path(), 200);
-        let err = run(&fio, &[], Deadlines { measures: 2, exit_grace: 0, stuck: 4 }).err().expect("stuck");
+        let err = run_hanging_fio(200, Deadlines { measures: 2, runtime: 2, exit_grace: 0, stuck: 4 }).err().expect("stuck");
+        assert!(err.is::<Stuck>(), "{err:#}");
+    }
+
+    #[test]
+    fn a_hang_half_way_through_is_stuck() {
+        // A report of 9 s of a 15 s job with a 2 s ramp stands for a hang while measuring,
+        // not at exit; its figure would be 9 s of a job meant to run 15.
+        let deadlines = Deadlines::time_based(15, 2, 64);
+        assert!(!deadlines.covers_the_job(9.0));
+        assert!(deadlines.covers_the_job(14.0) && deadlines.covers_the_job(17.0));
+        let quick = Deadlines::time_based(5, 1, 42);
+        assert!(quick.covers_the_job(4.0) && !quick.covers_the_job(3.0));
+        let err = run_hanging_fio(1000, Deadlines { measures: 2, runtime: 2, exit_grace: 0, stuck: 4 }).err().expect("stuck");
         assert!(err.is::<Stuck>(), "{err:#}");
     }
 

@@ -776,7 +776,7 @@ impl Runner {
 /// reply that never comes): give up on it.
 fn deadlines(s: &fio::FioShape) -> fio::Deadlines {
     if s.runtime > 0 {
-        fio::Deadlines::time_based(s.runtime + s.ramp, 2 * (s.runtime + s.ramp) + 30)
+        fio::Deadlines::time_based(s.runtime, s.ramp, 2 * (s.runtime + s.ramp) + 30)
     } else {
         fio::Deadlines::size_based(1800)
     }
