@@ -300,12 +300,19 @@ fn compare_table(new: &Results, old: &Results) -> Block {
     let mut rows = Vec::new();
     for j in &new.jobs {
         let Some(o) = old.jobs.iter().find(|o| o.job.suite == j.job.suite && o.job.name == j.job.name) else { continue };
+        // A job's name leaves out its file size, runtime and ramp (`--size`, `--runtime`,
+        // and the suite that ran it): a change between two shapes is no change.
+        let same_shape = o.job.kind == j.job.kind;
         for t in new.target_names() {
             let (a, b) = (o.value(&t), j.value(&t));
             if a.is_none() && b.is_none() {
                 continue;
             }
-            let change = ratio(b, a).map(|r| format!("{:+.1}%", (r - 1.0) * 100.0)).unwrap_or_else(|| "-".into());
+            let change = match ratio(b, a) {
+                Some(_) if !same_shape => "not comparable: another size, runtime or ramp".into(),
+                Some(r) => format!("{:+.1}%", (r - 1.0) * 100.0),
+                None => "-".into(),
+            };
             rows.push(vec![
                 j.job.name.clone(),
                 t.clone(),
@@ -691,6 +698,22 @@ mod tests {
                 runs: vec![meas("nasd", 3000.0, false), meas("ganesha", 1500.0, false), meas("local", 0.0, true)],
             }],
         }
+    }
+
+    #[test]
+    fn a_comparison_gives_a_change_only_between_runs_of_one_shape() {
+        let old = results();
+        let mut new = results();
+        new.jobs[0].runs[0].fio.as_mut().unwrap().read.iops = 3300.0;
+        let rows = |new: &Results| match compare_table(new, &old) {
+            Block::Table { rows, .. } => rows,
+            _ => panic!("a table"),
+        };
+        assert_eq!(rows(&new)[0], ["4k randread qd1", "nasd", "IOPS", "3000", "3300", "+10.0%"]);
+        // The same job name run longer (another suite, or --runtime) is not compared.
+        let JobKind::Fio(shape) = &mut new.jobs[0].job.kind else { panic!("a fio job") };
+        shape.runtime = 15;
+        assert_eq!(rows(&new)[0][5], "not comparable: another size, runtime or ramp");
     }
 
     #[test]
