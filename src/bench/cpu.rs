@@ -26,7 +26,18 @@ impl CpuFigures {
     pub fn server_cores(&self) -> Option<f64> {
         self.server.map(|s| s / self.seconds.max(1e-9))
     }
+
+    /// The server's CPU seconds, if enough to divide among operations: the kernel counts
+    /// a process's CPU in clock ticks (10 ms), so a window of a few ticks (a listing of
+    /// 5,000 entries takes three) is a count of ticks, one either way a third of it.
+    pub fn server_to_divide(&self) -> Option<f64> {
+        self.server.filter(|&s| s >= SERVER_CPU_TO_DIVIDE)
+    }
 }
+
+/// Server CPU seconds below which no figure per operation is given: 50 ticks, so the
+/// tick the count may be off by is 2 % of it.
+pub const SERVER_CPU_TO_DIVIDE: f64 = 0.5;
 
 /// A measurement in progress: start it right before the client starts, finish it once
 /// every client process has been waited for.

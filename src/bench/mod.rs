@@ -179,9 +179,11 @@ impl Measurement {
     }
 
     /// The server process's CPU per operation (µs): per I/O for fio jobs (its cores ÷
-    /// IOPS), per counted operation for metadata jobs.
+    /// IOPS), per counted operation for metadata jobs; none where the window held too
+    /// few clock ticks of it to divide ([`cpu::CpuFigures::server_to_divide`]).
     pub fn server_cpu_per_op_us(&self) -> Option<f64> {
         let cpu = self.cpu.as_ref()?;
+        cpu.server_to_divide()?;
         match (&self.meta, &self.fio) {
             (Some(meta), _) if meta.ops > 0 => Some(cpu.server? / meta.ops as f64 * 1e6),
             (_, Some(f)) if f.iops() > 0.0 => Some(cpu.server_cores()? / f.iops() * 1e6),

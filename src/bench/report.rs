@@ -859,6 +859,9 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(meta.server_cpu_per_op_us(), Some(200.0));
+        // A listing whose server CPU is three clock ticks gets no figure per entry.
+        let listing = Measurement { cpu: Some(super::super::cpu::CpuFigures { seconds: 0.03, client: 0.02, server: Some(0.03) }), ..meta.clone() };
+        assert_eq!(listing.server_cpu_per_op_us(), None);
         // Reports written before CPU figures existed have none: no table.
         for m in &mut r.jobs[0].runs {
             m.cpu = None;
