@@ -93,7 +93,9 @@ impl Engine {
 
 /// Full fio command line (without the binary) for a shape on an engine.
 pub fn command_line(shape: &FioShape, name: &str, engine: &Engine) -> Vec<String> {
-    let mut a = vec!["--output-format=json".to_string()];
+    // `json+` adds each direction's latency histogram, from which percentiles of a mixed
+    // job's or several clients' I/O together are taken ([`Percentiles`]).
+    let mut a = vec!["--output-format=json+".to_string()];
     a.extend(shape.options(name));
     a.extend(engine.args(&shape.file, shape.iodepth));
     a
@@ -169,6 +171,43 @@ pub struct DirStats {
     /// whole milliseconds); none in results saved before it was kept.
     #[serde(default)]
     pub runtime_ms: Option<u64>,
+    /// fio's completion latency histogram (`json+`): (bin value in ns, I/O count),
+    /// ascending. Not saved: [`FioResult::all`] keeps what is taken from it.
+    #[serde(skip)]
+    pub bins: Vec<(u64, u64)>,
+}
+
+/// Completion latency percentiles of all of a job's I/O, in µs.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Percentiles {
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+}
+
+impl Percentiles {
+    /// The percentiles of the I/O counted in `bins` (value in ns, count), all directions
+    /// and clients together, taken as fio takes its own: the value of the first bin at
+    /// which the running count reaches the share asked for. None without any I/O.
+    fn of<'a>(bins: impl IntoIterator<Item = &'a (u64, u64)>) -> Option<Self> {
+        let mut merged = std::collections::BTreeMap::<u64, u64>::new();
+        for &(value, count) in bins {
+            *merged.entry(value).or_default() += count;
+        }
+        let total: u64 = merged.values().sum();
+        if total == 0 {
+            return None;
+        }
+        let at = |share: f64| {
+            let mut seen = 0u64;
+            let reached = merged.iter().find(|&(_, &count)| {
+                seen += count;
+                seen as f64 >= share * total as f64
+            });
+            reached.map_or(0.0, |(&value, _)| value as f64 / 1000.0)
+        };
+        Some(Self { p50_us: at(0.5), p99_us: at(0.99), p999_us: at(0.999) })
+    }
 }
 
 /// Figures of a job: both directions and their total.
@@ -177,6 +216,10 @@ pub struct FioResult {
     pub read: DirStats,
     pub write: DirStats,
     pub errors: u64,
+    /// Percentiles of both directions' I/O (and every client's) together, from fio's
+    /// histograms; none where fio gave none (results saved before they were read).
+    #[serde(default)]
+    pub all: Option<Percentiles>,
 }
 
 impl FioResult {
@@ -190,8 +233,9 @@ impl FioResult {
     pub fn runtime_ms(&self) -> Option<u64> {
         self.read.runtime_ms.into_iter().chain(self.write.runtime_ms).max()
     }
-    /// Latency figures weighted by the I/O count of each direction (percentiles are an
-    /// approximation for mixed jobs: the weighted mean of both directions' percentiles).
+    /// Latency figures weighted by the I/O count of each direction: the mean of all I/O,
+    /// and for percentiles, where no histogram was kept, the weighted mean of both
+    /// directions' percentiles (not a percentile of all I/O).
     pub fn lat(&self, f: impl Fn(&DirStats) -> f64) -> f64 {
         let (r, w) = (self.read.ios as f64, self.write.ios as f64);
         if r + w == 0.0 {
@@ -203,16 +247,17 @@ impl FioResult {
         self.lat(|d| d.lat_mean_us)
     }
     pub fn lat_p50_us(&self) -> f64 {
-        self.lat(|d| d.lat_p50_us)
+        self.all.map_or_else(|| self.lat(|d| d.lat_p50_us), |a| a.p50_us)
     }
     pub fn lat_p99_us(&self) -> f64 {
-        self.lat(|d| d.lat_p99_us)
+        self.all.map_or_else(|| self.lat(|d| d.lat_p99_us), |a| a.p99_us)
     }
     pub fn lat_p999_us(&self) -> f64 {
-        self.lat(|d| d.lat_p999_us)
+        self.all.map_or_else(|| self.lat(|d| d.lat_p999_us), |a| a.p999_us)
     }
-    /// Aggregate of concurrent runs (separate clients): throughput adds up, latency is
-    /// weighted by I/O count.
+    /// Aggregate of concurrent runs (separate clients): throughput adds up, the mean
+    /// latency is weighted by I/O count, and percentiles are taken of all their I/O
+    /// where fio gave histograms.
     pub fn aggregate(parts: &[FioResult]) -> FioResult {
         let mut out = FioResult::default();
         for (dst, pick) in [(&mut out.read, 0), (&mut out.write, 1)] {
@@ -229,8 +274,18 @@ impl FioResult {
                 dst.lat_p99_us = w(|d| d.lat_p99_us);
                 dst.lat_p999_us = w(|d| d.lat_p999_us);
             }
+            let mut bins = std::collections::BTreeMap::<u64, u64>::new();
+            for &(value, count) in ds.iter().flat_map(|d| &d.bins) {
+                *bins.entry(value).or_default() += count;
+            }
+            dst.bins = bins.into_iter().collect();
+            // A direction's own percentiles come from its histogram, as fio's do.
+            if let Some(p) = Percentiles::of(&dst.bins).filter(|_| parts.len() > 1) {
+                (dst.lat_p50_us, dst.lat_p99_us, dst.lat_p999_us) = (p.p50_us, p.p99_us, p.p999_us);
+            }
         }
         out.errors = parts.iter().map(|p| p.errors).sum();
+        out.all = Percentiles::of(out.read.bins.iter().chain(&out.write.bins));
         out
     }
 }
@@ -281,7 +336,21 @@ fn dir_stats(j: &serde_json::Value) -> DirStats {
         lat_p99_us: pct("99.000000"),
         lat_p999_us: pct("99.900000"),
         runtime_ms: j["runtime"].as_u64(),
+        bins: histogram(&clat["bins"]),
     }
+}
+
+/// fio's `json+` latency histogram: bin value (ns, a decimal string key) → count.
+fn histogram(bins: &serde_json::Value) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = bins
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(value, count)| Some((value.parse().ok()?, count.as_u64()?)))
+        .filter(|&(_, count)| count > 0)
+        .collect();
+    out.sort_unstable();
+    out
 }
 
 /// Figures from fio's JSON (all jobs of the document aggregated).
@@ -293,6 +362,7 @@ pub fn parse_result(v: &serde_json::Value) -> Result<FioResult> {
             read: dir_stats(&j["read"]),
             write: dir_stats(&j["write"]),
             errors: j["error"].as_u64().unwrap_or(0),
+            all: None,
         })
         .collect();
     Ok(FioResult::aggregate(&parts))
@@ -626,8 +696,8 @@ Failed NFS operation(code:-14)
 
     #[test]
     fn aggregate_adds_throughput_and_weights_latency() {
-        let a = FioResult { read: DirStats { ios: 100, iops: 10.0, bw_bytes: 1.0, lat_mean_us: 10.0, lat_p50_us: 10.0, lat_p99_us: 20.0, lat_p999_us: 30.0, runtime_ms: Some(1000) }, ..Default::default() };
-        let b = FioResult { read: DirStats { ios: 300, iops: 30.0, bw_bytes: 3.0, lat_mean_us: 20.0, lat_p50_us: 20.0, lat_p99_us: 40.0, lat_p999_us: 50.0, runtime_ms: Some(1200) }, ..Default::default() };
+        let a = FioResult { read: DirStats { ios: 100, iops: 10.0, bw_bytes: 1.0, lat_mean_us: 10.0, lat_p50_us: 10.0, lat_p99_us: 20.0, lat_p999_us: 30.0, runtime_ms: Some(1000), bins: vec![] }, ..Default::default() };
+        let b = FioResult { read: DirStats { ios: 300, iops: 30.0, bw_bytes: 3.0, lat_mean_us: 20.0, lat_p50_us: 20.0, lat_p99_us: 40.0, lat_p999_us: 50.0, runtime_ms: Some(1200), bins: vec![] }, ..Default::default() };
         let s = FioResult::aggregate(&[a, b]);
         assert_eq!(s.read.ios, 400);
         assert_eq!(s.iops(), 40.0);
@@ -635,6 +705,35 @@ Failed NFS operation(code:-14)
         assert_eq!(s.lat_p99_us(), 35.0);
         // clients that ran at once: the longest one's time
         assert_eq!(s.runtime_ms(), Some(1200));
+    }
+
+    #[test]
+    fn percentiles_of_a_mixed_job_are_taken_of_all_its_io() {
+        // 1,000 reads (990 at 100 µs, 10 at 300 µs) and 250 writes at 2 ms: one I/O in
+        // five is a write, so the 99th percentile of all of them is a write's time; the
+        // weighted mean of the two directions' p99 would say 480 µs.
+        let dir = |bins: serde_json::Value, p99: u64| serde_json::json!({
+            "total_ios": bins.as_object().unwrap().values().map(|c| c.as_u64().unwrap()).sum::<u64>(),
+            "iops": 100.0, "bw_bytes": 409600.0, "runtime": 10000,
+            "clat_ns": { "mean": 1000.0, "percentile": { "50.000000": 100000, "99.000000": p99, "99.900000": p99 }, "bins": bins },
+        });
+        let job = |read, write| serde_json::json!({ "error": 0, "read": read, "write": write });
+        let read = dir(serde_json::json!({ "100000": 990, "300000": 10 }), 100000);
+        let write = dir(serde_json::json!({ "2000000": 250 }), 2000000);
+        let one = parse_result(&serde_json::json!({ "jobs": [job(read.clone(), write.clone())] })).unwrap();
+        assert_eq!((one.lat_p50_us(), one.lat_p99_us(), one.lat_p999_us()), (100.0, 2000.0, 2000.0));
+        assert_eq!(one.lat(|d| d.lat_p99_us), 480.0, "what the weighted mean would have said");
+        // Each direction keeps fio's own figures.
+        assert_eq!((one.read.lat_p99_us, one.write.lat_p99_us), (100.0, 2000.0));
+        // Two clients, one reading and one writing, are taken together alike.
+        let idle = dir(serde_json::json!({}), 0);
+        let reader = parse_result(&serde_json::json!({ "jobs": [job(read, idle.clone())] })).unwrap();
+        let writer = parse_result(&serde_json::json!({ "jobs": [job(idle, write)] })).unwrap();
+        let both = FioResult::aggregate(&[reader, writer]);
+        assert_eq!(both.all, one.all);
+        // Results saved without histograms fall back to the weighted mean.
+        let saved: FioResult = serde_json::from_value(serde_json::json!({ "read": serde_json::to_value(&one.read).unwrap(), "write": serde_json::to_value(&one.write).unwrap(), "errors": 0 })).unwrap();
+        assert_eq!(saved.lat_p99_us(), 480.0);
     }
 
     #[test]
