@@ -101,15 +101,26 @@ pub fn main_table(r: &Results, suite: &str) -> Block {
         }
         if nasd {
             for p in &peers {
-                row.push(fmt_ratio(ratio(j.value("nasd"), j.value(p))));
+                row.push(ratio_cell(j, "nasd", p));
             }
             if r.has("local") {
-                row.push(fmt_ratio(ratio(j.value("nasd"), j.value("local"))));
+                row.push(ratio_cell(j, "nasd", "local"));
             }
         }
         rows.push(row);
     }
     Block::Table { header, rows }
+}
+
+/// `a`'s figure over `b`'s. Where a repetition failed, the two medians are of different
+/// numbers of runs (of an even number, the upper middle one): the ratio says so.
+fn ratio_cell(j: &JobResult, a: &str, b: &str) -> String {
+    let text = fmt_ratio(ratio(j.value(a), j.value(b)));
+    let runs = |t: &str| j.get(t).filter(|m| !m.repeats.is_empty()).map(|m| m.repeats.iter().flatten().count());
+    match (runs(a), runs(b)) {
+        (Some(x), Some(y)) if x != y && text != "-" => format!("{text} (medians of {x} and {y} runs)"),
+        _ => text,
+    }
 }
 
 fn latency_table(r: &Results, suite: &str) -> Option<Block> {
@@ -733,6 +744,15 @@ mod tests {
         let Block::Table { header, rows } = main_table(&r, "smoke") else { panic!() };
         assert_eq!(header, ["job", "unit", "nasd", "ganesha", "local", "nasd÷ganesha", "nasd÷local"]);
         assert_eq!(rows[0], ["4k randread qd1", "IOPS", "3000", "1500", "error", "2.00×", "-"]);
+        // With repetitions, a ratio of medians of different numbers of runs says so.
+        let mut r = results();
+        r.jobs[0].runs[0].repeats = vec![Some(2900.0), Some(3000.0), Some(3100.0)];
+        r.jobs[0].runs[1].repeats = vec![Some(1400.0), None, Some(1500.0)];
+        let Block::Table { rows, .. } = main_table(&r, "smoke") else { panic!() };
+        assert_eq!(rows[0][5], "2.00× (medians of 3 and 2 runs)");
+        r.jobs[0].runs[1].repeats = vec![Some(1400.0), Some(1450.0), Some(1500.0)];
+        let Block::Table { rows, .. } = main_table(&r, "smoke") else { panic!() };
+        assert_eq!(rows[0][5], "2.00×");
     }
 
     #[test]
