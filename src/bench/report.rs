@@ -209,9 +209,12 @@ fn server_table(r: &Results, suite: &str) -> Option<Block> {
         let Some(m) = j.get("nasd") else { continue };
         let Some(s) = &m.server else { continue };
         let client = m.fio.as_ref().map(|f| fmt_num(f.lat_mean_us())).unwrap_or_else(|| "-".into());
+        // A run that failed (a stable write job that was sent UNSTABLE WRITEs) still has
+        // the server's figures, but they stand for no result.
+        let name = if m.error.is_some() { format!("{} (failed run)", j.job.name) } else { j.job.name.clone() };
         for (k, p) in s.procs.iter().take(2).enumerate() {
             rows.push(vec![
-                if k == 0 { j.job.name.clone() } else { String::new() },
+                if k == 0 { name.clone() } else { String::new() },
                 if k == 0 { client.clone() } else { String::new() },
                 p.procedure.clone(),
                 p.calls.to_string(),
@@ -709,6 +712,20 @@ mod tests {
                 runs: vec![meas("nasd", 3000.0, false), meas("ganesha", 1500.0, false), meas("local", 0.0, true)],
             }],
         }
+    }
+
+    #[test]
+    fn server_figures_of_a_failed_run_are_marked() {
+        let mut r = results();
+        let proc = super::super::metrics::ProcFigures { procedure: "READ".into(), calls: 10, mean_us: 5.0, p50_us: 4.0, p99_us: 9.0 };
+        r.jobs[0].runs[0].server = Some(super::super::metrics::ServerFigures { procs: vec![proc], ..Default::default() });
+        let name = |r: &Results| match server_table(r, "smoke") {
+            Some(Block::Table { rows, .. }) => rows[0][0].clone(),
+            _ => panic!("a table"),
+        };
+        assert_eq!(name(&r), "4k randread qd1");
+        r.jobs[0].runs[0].error = Some("sent UNSTABLE WRITEs".into());
+        assert_eq!(name(&r), "4k randread qd1 (failed run)");
     }
 
     #[test]
