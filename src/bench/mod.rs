@@ -590,6 +590,10 @@ impl Runner {
                         Err(e) if e.is::<fio::Stuck>() && m.stuck_retries < STUCK_RETRIES => {
                             m.stuck_retries += 1;
                             eprintln!("bench:   {} stuck (fio waits for a reply that never comes); running it again", t.name);
+                            // From where the first run started: the file read into the
+                            // server's cache and everything written before made durable.
+                            warm_server_file(t, s)?;
+                            settle_page_cache();
                             self.timed_part_starts(t);
                         }
                         r => break r?,
