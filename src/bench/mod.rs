@@ -178,15 +178,23 @@ impl Measurement {
         }
     }
 
-    /// The server process's CPU per operation (µs): per I/O for fio jobs (its cores ÷
-    /// IOPS), per counted operation for metadata jobs; none where the window held too
-    /// few clock ticks of it to divide ([`cpu::CpuFigures::server_to_divide`]).
-    pub fn server_cpu_per_op_us(&self) -> Option<f64> {
+    /// The server process's CPU per operation (µs) of `job`: per counted operation for
+    /// metadata jobs; per I/O for fio jobs, its IOPS taken over the ramp and runtime of a
+    /// time-based job (the CPU window also holds fio's start and its closing COMMIT, in
+    /// which it does no I/O at that rate), over the window otherwise. None where the
+    /// window held too few clock ticks to divide ([`cpu::CpuFigures::server_to_divide`]).
+    pub fn server_cpu_per_op_us(&self, job: &suites::Job) -> Option<f64> {
         let cpu = self.cpu.as_ref()?;
-        cpu.server_to_divide()?;
+        let server = cpu.server_to_divide()?;
         match (&self.meta, &self.fio) {
-            (Some(meta), _) if meta.ops > 0 => Some(cpu.server? / meta.ops as f64 * 1e6),
-            (_, Some(f)) if f.iops() > 0.0 => Some(cpu.server_cores()? / f.iops() * 1e6),
+            (Some(meta), _) if meta.ops > 0 => Some(server / meta.ops as f64 * 1e6),
+            (_, Some(f)) if f.iops() > 0.0 => {
+                let io_seconds = match &job.kind {
+                    JobKind::Fio(s) | JobKind::Scale { shape: s, .. } if s.runtime > 0 => ((s.runtime + s.ramp) as f64).min(cpu.seconds),
+                    _ => cpu.seconds,
+                };
+                Some(server / (f.iops() * io_seconds) * 1e6)
+            }
             _ => None,
         }
     }

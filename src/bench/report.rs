@@ -158,7 +158,7 @@ fn cpu_table(r: &Results, suite: &str) -> Option<Block> {
         let mut any = false;
         for n in &names {
             let m = j.get(n).filter(|m| m.error.is_none());
-            row.push(match m.and_then(|m| m.cpu.as_ref().map(|c| (c, m.server_cpu_per_op_us()))) {
+            row.push(match m.and_then(|m| m.cpu.as_ref().map(|c| (c, m.server_cpu_per_op_us(&j.job)))) {
                 Some((c, per_op)) => {
                     any = true;
                     let server = c.server_cores().map_or("-".into(), |s| format!("{s:.2}"));
@@ -882,12 +882,17 @@ mod tests {
     #[test]
     fn cpu_table_shows_cores_and_server_cpu_per_op() {
         let mut r = results();
-        let cpu = |client: f64, server: Option<f64>| Some(super::super::cpu::CpuFigures { seconds: 10.0, client, server });
-        r.jobs[0].runs[0].cpu = cpu(9.0, Some(6.0)); // nasd: 0.6 cores at 3000 IOPS = 200 µs per I/O
+        // 8 s of runtime after 2 s of ramp, in a window of 12 s (fio's start and end).
+        let JobKind::Fio(shape) = &mut r.jobs[0].job.kind else { panic!("a fio job") };
+        (shape.runtime, shape.ramp) = (8, 2);
+        let cpu = |client: f64, server: Option<f64>| Some(super::super::cpu::CpuFigures { seconds: 12.0, client, server });
+        // nasd: 6 s of CPU for 3000 IOPS over the 10 s of I/O = 200 µs per I/O (not the
+        // 167 µs its 0.5 cores over the whole window would make).
+        r.jobs[0].runs[0].cpu = cpu(9.0, Some(6.0));
         r.jobs[0].runs[1].cpu = cpu(8.0, None); // a server the bench did not start
         let Block::Table { header, rows } = cpu_table(&r, "smoke").expect("a CPU table") else { panic!() };
         assert_eq!(header[1], "nasd client / server cores · server CPU per op (µs)");
-        assert_eq!(rows, [["4k randread qd1", "0.90 / 0.60 · 200", "0.80 / - · -", "-"]]);
+        assert_eq!(rows, [["4k randread qd1", "0.75 / 0.50 · 200", "0.67 / - · -", "-"]]);
         // Metadata jobs: the server's CPU over the operations nfsh counted.
         let meta = Measurement {
             target: "nasd".into(),
@@ -895,10 +900,10 @@ mod tests {
             cpu: Some(super::super::cpu::CpuFigures { seconds: 2.5, client: 1.0, server: Some(1.0) }),
             ..Default::default()
         };
-        assert_eq!(meta.server_cpu_per_op_us(), Some(200.0));
+        assert_eq!(meta.server_cpu_per_op_us(&r.jobs[0].job), Some(200.0));
         // A listing whose server CPU is three clock ticks gets no figure per entry.
         let listing = Measurement { cpu: Some(super::super::cpu::CpuFigures { seconds: 0.03, client: 0.02, server: Some(0.03) }), ..meta.clone() };
-        assert_eq!(listing.server_cpu_per_op_us(), None);
+        assert_eq!(listing.server_cpu_per_op_us(&r.jobs[0].job), None);
         // Reports written before CPU figures existed have none: no table.
         for m in &mut r.jobs[0].runs {
             m.cpu = None;
