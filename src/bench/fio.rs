@@ -206,7 +206,9 @@ impl Percentiles {
             });
             reached.map_or(0.0, |(&value, _)| value as f64 / 1000.0)
         };
-        Some(Self { p50_us: at(0.5), p99_us: at(0.99), p999_us: at(0.999) })
+        // Shares written as fio computes them (99.9 / 100 is a hair above 0.999: of 1,000
+        // I/O, fio's p99.9 is the 1,000th).
+        Some(Self { p50_us: at(50.0 / 100.0), p99_us: at(99.0 / 100.0), p999_us: at(99.9 / 100.0) })
     }
 }
 
@@ -285,7 +287,9 @@ impl FioResult {
             }
         }
         out.errors = parts.iter().map(|p| p.errors).sum();
-        out.all = Percentiles::of(out.read.bins.iter().chain(&out.write.bins));
+        // One direction of one job keeps fio's own percentiles.
+        let mixed = parts.len() > 1 || (out.read.ios > 0 && out.write.ios > 0);
+        out.all = if mixed { Percentiles::of(out.read.bins.iter().chain(&out.write.bins)) } else { None };
         out
     }
 }
@@ -723,8 +727,13 @@ Failed NFS operation(code:-14)
         let one = parse_result(&serde_json::json!({ "jobs": [job(read.clone(), write.clone())] })).unwrap();
         assert_eq!((one.lat_p50_us(), one.lat_p99_us(), one.lat_p999_us()), (100.0, 2000.0, 2000.0));
         assert_eq!(one.lat(|d| d.lat_p99_us), 480.0, "what the weighted mean would have said");
-        // Each direction keeps fio's own figures.
+        // Each direction keeps fio's own figures, and a job of one direction its own.
         assert_eq!((one.read.lat_p99_us, one.write.lat_p99_us), (100.0, 2000.0));
+        let reads_only = parse_result(&serde_json::json!({ "jobs": [job(read.clone(), dir(serde_json::json!({}), 0))] })).unwrap();
+        assert_eq!((reads_only.all, reads_only.lat_p99_us()), (None, 100.0));
+        // As fio reckons the share: of 1,000 I/O, the p99.9 is the 1,000th.
+        let p = Percentiles::of(&[(100_000, 999), (500_000, 1)]).unwrap();
+        assert_eq!((p.p99_us, p.p999_us), (100.0, 500.0));
         // Two clients, one reading and one writing, are taken together alike.
         let idle = dir(serde_json::json!({}), 0);
         let reader = parse_result(&serde_json::json!({ "jobs": [job(read, idle.clone())] })).unwrap();

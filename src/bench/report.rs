@@ -315,7 +315,8 @@ fn compare_table(new: &Results, old: &Results) -> Block {
     for j in &new.jobs {
         let Some(o) = old.jobs.iter().find(|o| o.job.suite == j.job.suite && o.job.name == j.job.name) else { continue };
         // A job's name leaves out its file size, runtime and ramp (`--size`, `--runtime`,
-        // and the suite that ran it): a change between two shapes is no change.
+        // and the suite that ran it) among the rest of its shape: a change between two
+        // shapes is no change.
         let same_shape = o.job.kind == j.job.kind;
         for t in new.target_names() {
             let (a, b) = (o.value(&t), j.value(&t));
@@ -323,7 +324,7 @@ fn compare_table(new: &Results, old: &Results) -> Block {
                 continue;
             }
             let change = match ratio(b, a) {
-                Some(_) if !same_shape => "not comparable: another size, runtime or ramp".into(),
+                Some(_) if !same_shape => "not comparable: another shape (size, runtime, ramp...)".into(),
                 Some(r) => format!("{:+.1}%", (r - 1.0) * 100.0),
                 None => "-".into(),
             };
@@ -741,7 +742,7 @@ mod tests {
         // The same job name run longer (another suite, or --runtime) is not compared.
         let JobKind::Fio(shape) = &mut new.jobs[0].job.kind else { panic!("a fio job") };
         shape.runtime = 15;
-        assert_eq!(rows(&new)[0][5], "not comparable: another size, runtime or ramp");
+        assert_eq!(rows(&new)[0][5], "not comparable: another shape (size, runtime, ramp...)");
     }
 
     #[test]

@@ -266,7 +266,8 @@ impl RpcProgram for Mount3 {
     }
 
     fn call(&self, ctx: &CallContext, args: &mut XdrReader<'_>, out: &mut XdrWriter) -> Result<(), ProcError> {
-        // Version 2's PATHCONF is not decoded either.
+        // MNT of versions 1 and 2 would answer with an NFSv2 handle. (Version 2's PATHCONF
+        // is refused too: `Args::decode` knows no procedure 7.)
         if ctx.version < VERSION && ctx.procedure == proc::MNT {
             return Err(ProcError::ProcUnavail);
         }

@@ -20,6 +20,10 @@ pub mod proc {
     pub const CALLIT: u32 = 5;
     pub const GETVERSADDR: u32 = 9;
     pub const GETADDRLIST: u32 = 11;
+    /// Procedure names of rpcbind v4 (v2's GETPORT is v3's and v4's GETADDR), for logs
+    /// and metrics.
+    pub const NAMES: [&str; 13] =
+        ["NULL", "SET", "UNSET", "GETPORT", "DUMP", "CALLIT", "GETTIME", "UADDR2TADDR", "TADDR2UADDR", "GETVERSADDR", "INDIRECT", "GETADDRLIST", "GETSTAT"];
 }
 const IPPROTO_TCP: u32 = 6;
 const IPPROTO_UDP: u32 = 17;
@@ -249,10 +253,7 @@ impl RpcProgram for Portmap {
     }
 
     fn procedure_name(&self, _version: u32, procedure: u32) -> &'static str {
-        const NAMES: [&str; 13] = [
-            "NULL", "SET", "UNSET", "GETPORT", "DUMP", "CALLIT", "GETTIME", "UADDR2TADDR", "TADDR2UADDR", "GETVERSADDR", "INDIRECT", "GETADDRLIST", "GETSTAT",
-        ];
-        NAMES.get(procedure as usize).copied().unwrap_or("unknown")
+        proc::NAMES.get(procedure as usize).copied().unwrap_or("unknown")
     }
 }
 

@@ -162,7 +162,7 @@ impl Server {
         let mut metrics = Metrics::new();
         metrics.register(crate::nfs3::xdr::PROGRAM, "nfs3", &crate::nfs3::xdr::proc::NAMES);
         metrics.register(crate::mount3::PROGRAM, "mount3", &crate::mount3::proc::NAMES);
-        metrics.register(crate::portmap::PROGRAM, "portmap", &["NULL", "SET", "UNSET", "GETPORT", "DUMP", "CALLIT", "GETTIME", "UADDR2TADDR", "TADDR2UADDR", "GETVERSADDR"]);
+        metrics.register(crate::portmap::PROGRAM, "portmap", &crate::portmap::proc::NAMES);
         let metrics = Arc::new(metrics);
         let state = Arc::new(ServerState::new(exports, key, metrics.clone()));
 

@@ -69,24 +69,40 @@ pub(crate) async fn serve(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
 /// Has the kernel say, with each datagram, which of this host's addresses it was sent to
 /// (`IP_PKTINFO`, `IPV6_RECVPKTINFO`): needed on a socket bound to every address, whose
 /// replies must come from the address the client called, and whose portmap answers name
-/// that address.
+/// that address. An IPv6 socket is asked for `IP_PKTINFO` too, for the IPv4 calls a
+/// dual-stack one hears: only it names the interface's own address for a broadcast,
+/// where `IPV6_PKTINFO` gives the broadcast address.
 pub(crate) fn report_destinations(socket: &impl AsRawFd, local: SocketAddr) -> std::io::Result<()> {
-    let (level, option) = match local {
-        SocketAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_PKTINFO),
-        SocketAddr::V6(_) => (libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO),
+    let set = |level, option| {
+        let on: libc::c_int = 1;
+        // SAFETY: a valid descriptor and an int option of the given size.
+        let rc = unsafe { libc::setsockopt(socket.as_raw_fd(), level, option, (&on as *const libc::c_int).cast(), std::mem::size_of_val(&on) as libc::socklen_t) };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
     };
-    let on: libc::c_int = 1;
-    // SAFETY: a valid descriptor and an int option of the given size.
-    let rc = unsafe { libc::setsockopt(socket.as_raw_fd(), level, option, (&on as *const libc::c_int).cast(), std::mem::size_of_val(&on) as libc::socklen_t) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
+    match local {
+        SocketAddr::V4(_) => set(libc::IPPROTO_IP, libc::IP_PKTINFO),
+        SocketAddr::V6(_) => {
+            set(libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO)?;
+            // An IPv6-only socket hears no IPv4 call; `IPV6_PKTINFO` alone then does.
+            let _ = set(libc::IPPROTO_IP, libc::IP_PKTINFO);
+            Ok(())
+        }
     }
-    Ok(())
 }
 
-/// Room for one packet-info control message, aligned for `cmsghdr`.
+/// Room for the packet-info control messages of a datagram (an IPv4 call on a dual-stack
+/// socket brings both kinds), aligned for `cmsghdr`.
 #[repr(C, align(8))]
-struct Control([u8; 64]);
+struct Control([u8; 128]);
+
+impl Control {
+    fn new() -> Self {
+        Self([0; 128])
+    }
+}
 
 /// Where a datagram arrived: the local address to answer from and the interface.
 #[derive(Debug, Clone, Copy)]
@@ -112,7 +128,7 @@ fn message(name: &mut libc::sockaddr_storage, len: libc::socklen_t, iov: &mut li
 fn receive(fd: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, SocketAddr, Option<Arrival>)> {
     // SAFETY: all-zero is a valid sockaddr_storage.
     let mut name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let mut control = Control([0; 64]);
+    let mut control = Control::new();
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     let mut msg = message(&mut name, std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t, &mut iov);
     msg.msg_control = control.0.as_mut_ptr().cast();
@@ -126,7 +142,7 @@ fn receive(fd: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, SocketAddr, Opt
     if msg.msg_flags & libc::MSG_CTRUNC != 0 {
         return Ok((n as usize, peer, None));
     }
-    let mut arrival = None;
+    let (mut arrival_v4, mut arrival_v6) = (None, None);
     // SAFETY: the kernel filled `msg_controllen` bytes of control messages; one is read
     // only if its length covers the structure, unaligned.
     unsafe {
@@ -139,14 +155,14 @@ fn receive(fd: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, SocketAddr, Opt
                     // broadcast the receiving interface's own address.
                     let info: libc::in_pktinfo = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
                     let addr = IpAddr::V4(Ipv4Addr::from(u32::from_be(info.ipi_spec_dst.s_addr)));
-                    arrival = Some(Arrival { addr, ifindex: 0 });
+                    arrival_v4 = Some(Arrival { addr, ifindex: 0 });
                 }
                 (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) if holds(std::mem::size_of::<libc::in6_pktinfo>()) => {
                     let info: libc::in6_pktinfo = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
                     let addr = Ipv6Addr::from(info.ipi6_addr.s6_addr);
                     // A multicast group is no address to answer from: the kernel chooses.
                     if !addr.is_multicast() {
-                        arrival = Some(Arrival { addr: IpAddr::V6(addr), ifindex: info.ipi6_ifindex });
+                        arrival_v6 = Some(Arrival { addr: IpAddr::V6(addr), ifindex: info.ipi6_ifindex });
                     }
                 }
                 _ => {}
@@ -154,13 +170,15 @@ fn receive(fd: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, SocketAddr, Opt
             c = libc::CMSG_NXTHDR(&msg, c);
         }
     }
-    Ok((n as usize, peer, arrival))
+    // For an IPv4 call on a dual-stack socket, both: the IPv4 one names the interface's
+    // address where the IPv6 one names a broadcast.
+    Ok((n as usize, peer, arrival_v4.or(arrival_v6)))
 }
 
 /// Sends `payload` to `peer` without waiting (UDP is best effort: the client resends),
 /// from where the call arrived when that is known. Should the kernel refuse that source
-/// (a broadcast address reported on a dual-stack socket: EINVAL or ENETUNREACH), it
-/// chooses one itself.
+/// (EINVAL, ENETUNREACH or EADDRNOTAVAIL: an address that is no longer this host's, or
+/// one it cannot send from), it chooses one itself.
 fn send(fd: RawFd, payload: &[u8], peer: SocketAddr, from: Option<Arrival>) -> std::io::Result<()> {
     match send_from(fd, payload, peer, from) {
         Err(e) if from.is_some() && matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENETUNREACH | libc::EADDRNOTAVAIL)) => {
@@ -172,7 +190,7 @@ fn send(fd: RawFd, payload: &[u8], peer: SocketAddr, from: Option<Arrival>) -> s
 
 fn send_from(fd: RawFd, payload: &[u8], peer: SocketAddr, from: Option<Arrival>) -> std::io::Result<()> {
     let (mut name, name_len) = sockaddr::to_c(peer);
-    let mut control = Control([0; 64]);
+    let mut control = Control::new();
     let mut iov = libc::iovec { iov_base: payload.as_ptr() as *mut libc::c_void, iov_len: payload.len() };
     let mut msg = message(&mut name, name_len, &mut iov);
     if let Some(from) = from {
@@ -243,13 +261,14 @@ fn guarded_answer<'a>(shared: &Shared, peer: SocketAddr, call: &[u8], reply: &'a
     refusal_within(call_len, reply).map(Cow::Owned)
 }
 
-/// Whether `call` asks for a listing: portmap's or rpcbind's DUMP, MOUNT's DUMP or EXPORT
-/// (procedure numbers of every version served).
+/// Whether `call` asks for a listing: portmap's or rpcbind's DUMP or GETADDRLIST, MOUNT's
+/// DUMP or EXPORT (procedure numbers of every version served).
 fn is_listing(call: &[u8]) -> bool {
     let word = |at: usize| call.get(at..at + 4).map(|w| u32::from_be_bytes(w.try_into().expect("4 bytes")));
     // xid, CALL, rpcvers, prog, vers, proc
     match (word(12), word(20)) {
-        (Some(crate::portmap::PROGRAM), Some(proc)) => proc == crate::portmap::proc::DUMP,
+        // GETADDRLIST too: a few entries, but twice to three times its call.
+        (Some(crate::portmap::PROGRAM), Some(proc)) => proc == crate::portmap::proc::DUMP || proc == crate::portmap::proc::GETADDRLIST,
         (Some(crate::mount3::PROGRAM), Some(proc)) => proc == crate::mount3::proc::DUMP || proc == crate::mount3::proc::EXPORT,
         _ => false,
     }
@@ -296,9 +315,10 @@ mod tests {
     fn replies_leave_from_the_address_called() {
         answers_from_the_address_called("0.0.0.0:0", "127.0.0.2", "127.0.0.2");
         answers_from_the_address_called("0.0.0.0:0", "127.0.0.1", "127.0.0.1");
-        // A dual-stack socket hears an IPv4 call as a v4-mapped address and answers from it.
+        // A dual-stack socket hears an IPv4 call from a v4-mapped address, and is told the
+        // IPv4 address it arrived at (for a broadcast, the interface's own).
         if std::fs::read_to_string("/proc/sys/net/ipv6/bindv6only").is_ok_and(|v| v.trim() == "0") {
-            answers_from_the_address_called("[::]:0", "127.0.0.3", "::ffff:127.0.0.3");
+            answers_from_the_address_called("[::]:0", "127.0.0.3", "127.0.0.3");
         }
     }
 
@@ -323,6 +343,7 @@ mod tests {
         for vers in [2, 3, 4] {
             assert!(is_listing(&call(pmap, vers, 4)), "portmap v{vers} DUMP");
             assert!(!is_listing(&call(pmap, vers, 3)), "portmap v{vers} GETPORT/GETADDR");
+            assert!(is_listing(&call(pmap, vers, crate::portmap::proc::GETADDRLIST)), "rpcbind v{vers} GETADDRLIST");
         }
         assert!(is_listing(&call(mount, 3, crate::mount3::proc::DUMP)));
         assert!(is_listing(&call(mount, 3, crate::mount3::proc::EXPORT)));

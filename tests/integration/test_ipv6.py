@@ -4,6 +4,7 @@ dual-stack socket (`--listen [::]:P`) hears both. The dual-stack server runs in 
 network namespace, where its wildcard address reaches nothing but that namespace's
 loopback."""
 
+import socket
 import sys
 from pathlib import Path
 
@@ -18,7 +19,19 @@ from rig.netns import Netns  # noqa: E402
 from rig.rpc import Nfs3Client  # noqa: E402
 from integration._common import ROOT, make_export, write_exports  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not tools_available(), reason="libnfs-utils (nfs-cat, nfs-cp, nfs-ls) not installed")
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+pytestmark = [
+    pytest.mark.skipif(not tools_available(), reason="libnfs-utils (nfs-cat, nfs-cp, nfs-ls) not installed"),
+    pytest.mark.skipif(not _ipv6_loopback(), reason="this host has no IPv6 loopback (::1): IPv6 disabled"),
+]
 
 PAYLOAD = b"written over IPv6\n" * 1000
 

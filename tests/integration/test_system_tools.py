@@ -5,6 +5,7 @@ write. nasd runs in a network namespace of its own, so port 111 there is nasd's 
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -143,3 +144,17 @@ def test_libnfs_finds_the_server_by_broadcast(tmp_path, listen):
         with Nasd(export, netns=server_ns, host="127.0.0.1", listen=listen, args=["--portmap"]) as n:
             p = _run(client_ns, "nfs-ls", "-D", "nfs://")
             assert p.returncode == 0 and p.stdout.split() == ["nfs://10.99.0.1"], (p.stdout, p.stderr, n.log()[-2000:])
+
+            # rpcbind v3's CALLIT names the program's address: the interface's, not the
+            # broadcast address the call was sent to.
+            def callit_v3_broadcast():
+                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+                    s.settimeout(10)
+                    args = rpc.Packer().u32(rpc.MOUNT_PROG).u32(3).u32(0).opaque(b"").bytes()
+                    s.sendto(rpc.build_call(0x5eed, rpc.PMAP_PROG, 3, 5, args), ("10.99.0.255", 111))
+                    data, source = s.recvfrom(65536)
+                reply = rpc.parse_reply(data)
+                assert reply.success, reply
+                return source[0], reply.unpacker().opaque().decode()
+            assert client_ns.call(callit_v3_broadcast, timeout=30) == ("10.99.0.1", f"10.99.0.1.{n.port >> 8}.{n.port & 0xff}")

@@ -185,7 +185,7 @@ def test_smoke_v3_over_ipv6_through_the_embedded_portmapper(tmp_path: Path, gues
     print(f"\n===== nasd over IPv6: rc={res.rc} ({res.seconds:.1f}s) =====")
     print(f"--- stdout ---\n{res.stdout}\n--- stderr ---\n{res.stderr[-3000:]}")
     _assert_script_ran(res, "nasd over IPv6", export)
-    # The client the guest's mount came from, as /proc/mounts names the server.
+    # The mount as /proc/mounts shows it: over IPv6 to the server's fec0::2, MOUNT too.
     mounted = [line for line in res.stderr.splitlines() if " /mnt/nfs nfs " in line]
     assert mounted and "addr=fec0::2" in mounted[0] and "mountproto=tcp6" in mounted[0], mounted
 
