@@ -185,26 +185,32 @@ pub struct Percentiles {
     pub p999_us: f64,
 }
 
+/// Histograms (bin value, count) added up into one, ascending.
+fn merged_bins<'a>(bins: impl IntoIterator<Item = &'a (u64, u64)>) -> Vec<(u64, u64)> {
+    let mut merged = std::collections::BTreeMap::<u64, u64>::new();
+    for &(value, count) in bins {
+        *merged.entry(value).or_default() += count;
+    }
+    merged.into_iter().collect()
+}
+
 impl Percentiles {
     /// The percentiles of the I/O counted in `bins` (value in ns, count), all directions
     /// and clients together, taken as fio takes its own: the value of the first bin at
     /// which the running count reaches the share asked for. None without any I/O.
     fn of<'a>(bins: impl IntoIterator<Item = &'a (u64, u64)>) -> Option<Self> {
-        let mut merged = std::collections::BTreeMap::<u64, u64>::new();
-        for &(value, count) in bins {
-            *merged.entry(value).or_default() += count;
-        }
-        let total: u64 = merged.values().sum();
+        let merged = merged_bins(bins);
+        let total: u64 = merged.iter().map(|&(_, count)| count).sum();
         if total == 0 {
             return None;
         }
         let at = |share: f64| {
             let mut seen = 0u64;
-            let reached = merged.iter().find(|&(_, &count)| {
+            let reached = merged.iter().find(|&&(_, count)| {
                 seen += count;
                 seen as f64 >= share * total as f64
             });
-            reached.map_or(0.0, |(&value, _)| value as f64 / 1000.0)
+            reached.map_or(0.0, |&(value, _)| value as f64 / 1000.0)
         };
         // Shares written as fio computes them (99.9 / 100 is a hair above 0.999: of 1,000
         // I/O, fio's p99.9 is the 1,000th).
@@ -276,11 +282,7 @@ impl FioResult {
                 dst.lat_p99_us = w(|d| d.lat_p99_us);
                 dst.lat_p999_us = w(|d| d.lat_p999_us);
             }
-            let mut bins = std::collections::BTreeMap::<u64, u64>::new();
-            for &(value, count) in ds.iter().flat_map(|d| &d.bins) {
-                *bins.entry(value).or_default() += count;
-            }
-            dst.bins = bins.into_iter().collect();
+            dst.bins = merged_bins(ds.iter().flat_map(|d| &d.bins));
             // A direction's own percentiles come from its histogram, as fio's do.
             if let Some(p) = Percentiles::of(&dst.bins).filter(|_| parts.len() > 1) {
                 (dst.lat_p50_us, dst.lat_p99_us, dst.lat_p999_us) = (p.p50_us, p.p99_us, p.p999_us);
@@ -631,11 +633,10 @@ Failed NFS operation(code:-14)
         assert_eq!(parse_result(&extract_json(&early).unwrap()).unwrap().read.ios, 10);
     }
 
-    /// A stand-in for fio that prints one status report and then hangs, as fio does when
-    /// libnfs waits forever during teardown.
-    /// Runs, with `deadlines`, a fake fio that prints a report covering `covered_ms` and
-    /// hangs. The shell reads the script: a script just written and executed itself can
-    /// fail with ETXTBSY while another test thread's child still holds it open.
+    /// Runs, with `deadlines`, a stand-in for fio that prints one status report covering
+    /// `covered_ms` and then hangs, as fio does when libnfs waits forever during teardown.
+    /// The shell reads the script: a script just written and executed itself can fail
+    /// with ETXTBSY while another test thread's child still holds it open.
     fn run_hanging_fio(covered_ms: u64, deadlines: Deadlines) -> Result<FioRun> {
         let dir = tempfile::tempdir().unwrap();
         let report = SAMPLE.replace("\"jobname\"", &format!("\"job_runtime\" : {covered_ms},\n      \"jobname\""));

@@ -115,11 +115,11 @@ pub fn main_table(r: &Results, suite: &str) -> Block {
 /// `a`'s figure over `b`'s. Where a repetition failed, the two medians are of different
 /// numbers of runs (of an even number, the upper middle one): the ratio says so.
 fn ratio_cell(j: &JobResult, a: &str, b: &str) -> String {
-    let text = fmt_ratio(ratio(j.value(a), j.value(b)));
+    let r = ratio(j.value(a), j.value(b));
     let runs = |t: &str| j.get(t).filter(|m| !m.repeats.is_empty()).map(|m| m.repeats.iter().flatten().count());
-    match (runs(a), runs(b)) {
-        (Some(x), Some(y)) if x != y && text != "-" => format!("{text} (medians of {x} and {y} runs)"),
-        _ => text,
+    match (r, runs(a), runs(b)) {
+        (Some(_), Some(x), Some(y)) if x != y => format!("{} (medians of {x} and {y} runs)", fmt_ratio(r)),
+        _ => fmt_ratio(r),
     }
 }
 
