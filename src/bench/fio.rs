@@ -655,8 +655,7 @@ Failed NFS operation(code:-14)
         let json = dir.path().join("report.json");
         std::fs::write(&json, SAMPLE).unwrap();
         let script = dir.path().join("fio");
-        std::fs::write(&script, format!("#!/bin/sh\nhead -c 300000 /dev/zero | tr '\\0' ' '\ntouch \"$1\"\ncat {}\n", json.display())).unwrap();
-        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        crate::testing::write_executable(&script, &format!("#!/bin/sh\nhead -c 300000 /dev/zero | tr '\\0' ' '\ntouch \"$1\"\ncat {}\n", json.display()));
         let markers: Vec<String> = (0..2).map(|i| dir.path().join(format!("past-output-{i}")).display().to_string()).collect();
         let running: Vec<Running> = markers.iter().map(|m| spawn(&script, &[m.clone()]).unwrap()).collect();
         let end = std::time::Instant::now() + std::time::Duration::from_secs(30);

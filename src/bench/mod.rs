@@ -355,6 +355,85 @@ fn concurrent_span(loops: &[&serde_json::Value]) -> Result<f64> {
     Ok(last_end - first_start)
 }
 
+/// An nfsh process of [`Runner::nfsh_mounted`], and what it printed before it was told to
+/// begin.
+struct MountedClient {
+    cmd: String,
+    child: std::process::Child,
+    said: String,
+}
+
+impl MountedClient {
+    /// Reads the client's output up to its word that it has mounted; a client that ends
+    /// first (it could not mount) keeps what it said for [`MountedClients::run`].
+    fn wait_until_mounted(&mut self) -> Result<()> {
+        use std::io::Read;
+        let Some(out) = self.child.stdout.as_mut() else { return Ok(()) };
+        // Byte by byte, so that nothing after the word is read here: the rest is read
+        // with the process's end.
+        let mut line = Vec::new();
+        let mut byte = [0u8; 1];
+        loop {
+            match out.read(&mut byte) {
+                Ok(0) => break,
+                Ok(_) if byte[0] == b'\n' => {
+                    let text = String::from_utf8_lossy(&line).into_owned();
+                    if serde_json::from_str::<serde_json::Value>(&text).is_ok_and(|v| v["ready"] == true) {
+                        return Ok(());
+                    }
+                    self.said.push_str(&text);
+                    self.said.push('\n');
+                    line.clear();
+                }
+                Ok(_) => line.push(byte[0]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e).with_context(|| format!("reading {}", self.cmd)),
+            }
+        }
+        self.said.push_str(&String::from_utf8_lossy(&line));
+        Ok(())
+    }
+}
+
+/// nfsh processes that have mounted their target and wait for the end of their standard
+/// input to begin. Dropped without [`MountedClients::run`], they are killed.
+struct MountedClients {
+    clients: Vec<MountedClient>,
+}
+
+impl MountedClients {
+    /// Tells every client to begin, waits for all of them, and returns each one's
+    /// command line and result (its last output line) in order; fails if any failed.
+    fn run(mut self) -> Result<Vec<(String, serde_json::Value)>> {
+        for c in &mut self.clients {
+            drop(c.child.stdin.take());
+        }
+        // Wait for every process, even after a failure, so none is left behind.
+        let finished: Vec<_> = std::mem::take(&mut self.clients).into_iter().map(|c| (c.cmd, c.said, c.child.wait_with_output())).collect();
+        finished
+            .into_iter()
+            .map(|(cmd, said, o)| {
+                let o = o.with_context(|| cmd.clone())?;
+                let out = said + &String::from_utf8_lossy(&o.stdout);
+                if !o.status.success() {
+                    bail!("{cmd}: {}{}", out, String::from_utf8_lossy(&o.stderr));
+                }
+                let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap_or("{}")).context("nfsh output")?;
+                Ok((cmd, v))
+            })
+            .collect()
+    }
+}
+
+impl Drop for MountedClients {
+    fn drop(&mut self) {
+        for c in &mut self.clients {
+            let _ = c.child.kill();
+            let _ = c.child.wait();
+        }
+    }
+}
+
 struct Runner {
     fio: PathBuf,
     nfsh: Option<PathBuf>,
@@ -462,50 +541,36 @@ impl Runner {
     }
 
     fn nfsh(&self, t: &Target, args: &[String]) -> Result<(String, serde_json::Value)> {
-        Ok(self.nfsh_at_once(t, &[args.to_vec()])?.remove(0))
+        Ok(self.nfsh_mounted(t, &[args.to_vec()])?.run()?.remove(0))
     }
 
-    /// Runs one nfsh per argument list, all at once, and returns each one's command line
-    /// and result (its last output line) in order; fails if any of them failed.
-    fn nfsh_at_once(&self, t: &Target, arg_lists: &[Vec<String>]) -> Result<Vec<(String, serde_json::Value)>> {
+    /// Starts one nfsh per argument list and returns once every one has mounted the
+    /// target and waits for the word to begin ([`MountedClients::run`]): what is timed then
+    /// leaves the mounts out, and clients started together begin together.
+    fn nfsh_mounted(&self, t: &Target, arg_lists: &[Vec<String>]) -> Result<MountedClients> {
         let nfsh = self.nfsh.as_ref().ok_or_else(|| anyhow!("no libnfs helper (nfsh): run `cd tests && python3 -m rig.nfsh`"))?;
         let url = t.url.as_ref().ok_or_else(|| anyhow!("{} has no NFS URL", t.name))?;
-        let mut started = Vec::new();
+        let mut clients = MountedClients { clients: Vec::new() };
         for args in arg_lists {
             let mut argv = vec![url.clone()];
             argv.extend(args.iter().cloned());
-            let spawned = std::process::Command::new(nfsh)
+            let cmd = format!("nfsh {}", fio::shell_join(&argv));
+            let child = std::process::Command::new(nfsh)
                 .args(&argv)
+                .env("NFSH_START_ON_EOF", "1")
+                .stdin(std::process::Stdio::piped())
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
-                .spawn();
-            match spawned {
-                Ok(child) => started.push((format!("nfsh {}", fio::shell_join(&argv)), child)),
-                Err(e) => {
-                    for (_, mut child) in started {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                    }
-                    return Err(e).with_context(|| format!("starting {}", nfsh.display()));
-                }
-            }
+                .spawn()
+                .with_context(|| format!("starting {}", nfsh.display()))?;
+            // Dropped on an error: every client started is killed and waited for.
+            clients.clients.push(MountedClient { cmd, child, said: String::new() });
         }
-        // Wait for every process, even after a failure, so none is left behind.
-        let finished: Vec<_> = started.into_iter().map(|(cmd, child)| (cmd, child.wait_with_output())).collect();
-        finished
-            .into_iter()
-            .map(|(cmd, o)| {
-                let o = o.with_context(|| cmd.clone())?;
-                let out = String::from_utf8_lossy(&o.stdout).to_string();
-                if !o.status.success() {
-                    bail!("{cmd}: {}{}", out, String::from_utf8_lossy(&o.stderr));
-                }
-                let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap_or("{}")).context("nfsh output")?;
-                Ok((cmd, v))
-            })
-            .collect()
+        for c in &mut clients.clients {
+            c.wait_until_mounted()?;
+        }
+        Ok(clients)
     }
-
     /// The parallel metadata jobs: `clients` nfsh processes at once, each creating (or
     /// removing) its share of `files` in a directory of its own, `/md-par/cN`. The figure is
     /// all their operations over the time from the first loop's start to the last one's
@@ -530,9 +595,10 @@ impl Runner {
                 MetaOp::Remove => dirs.iter().map(|d| vec!["remove-loop".into(), d.clone(), per.to_string(), "f".into()]).collect(),
                 _ => bail!("{op:?} has no parallel form"),
             };
+            let mounted = self.nfsh_mounted(t, &loops)?;
             self.timed_part_starts(t);
             let window = cpu::CpuWindow::start(t.pid());
-            let runs = self.nfsh_at_once(t, &loops)?;
+            let runs = mounted.run()?;
             m.cpu = Some(window.finish());
             let values: Vec<&serde_json::Value> = runs.iter().map(|(_, v)| v).collect();
             self.save_raw(tag, &serde_json::json!(values).to_string());
@@ -707,9 +773,10 @@ impl Runner {
                     MetaOp::Remove => (vec!["remove-loop".into(), flat, files.to_string(), "r".into()], "ops"),
                     MetaOp::Untar | MetaOp::CopyTree | MetaOp::RemoveTree => unreachable!("real-tree jobs run in run_tree_job"),
                 };
+                let mounted = self.nfsh_mounted(t, &[args])?;
                 self.timed_part_starts(t);
                 let window = cpu::CpuWindow::start(t.pid());
-                let (cmd, v) = self.nfsh(t, &args)?;
+                let (cmd, v) = mounted.run()?.remove(0);
                 m.cpu = Some(window.finish());
                 m.commands.push(cmd);
                 self.save_raw(&tag(""), &v.to_string());
@@ -757,9 +824,10 @@ impl Runner {
                 MetaOp::CopyTree => vec!["copy-tree".into(), untar, copy.clone()],
                 _ => vec!["remove-tree".into(), untar],
             };
+            let mounted = self.nfsh_mounted(t, &[args])?;
             self.timed_part_starts(t);
             let window = cpu::CpuWindow::start(t.pid());
-            let (cmd, v) = self.nfsh(t, &args)?;
+            let (cmd, v) = mounted.run()?.remove(0);
             m.cpu = Some(window.finish());
             m.commands.push(cmd);
             self.save_raw(tag, &v.to_string());
@@ -1135,8 +1203,7 @@ mod tests {
         let report = tmp.path().join("report.json");
         std::fs::write(&report, r#"{"jobs": [{"error": 0, "read": {"iops": 100.0, "bw_bytes": 409600, "total_ios": 100, "runtime": 1000}, "write": {}}]}"#).unwrap();
         let fio = tmp.path().join("fio");
-        std::fs::write(&fio, format!("#!/bin/sh\necho run >> {}\ncat {}\n", calls.display(), report.display())).unwrap();
-        std::fs::set_permissions(&fio, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        crate::testing::write_executable(&fio, &format!("#!/bin/sh\necho run >> {}\ncat {}\n", calls.display(), report.display()));
         let mut r = runner(tmp.path(), fio);
         let mut t = Target::start(&TargetSpec::Local, &tmp.path().join("local"), 3, "psync").unwrap();
         t.metrics = Some(fake_metrics(calls.clone()));

@@ -4,7 +4,6 @@ import hashlib
 from collections import Counter
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -12,8 +11,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `import rig`
 
 from rig.nasd import Nasd  # noqa: E402
-from rig.nfsh import (exerciser_lines, nfsh, nfsh_popen, nfsh_binary,  # noqa: E402
-                      nsx_tree_problems, parse_lines)
+from rig.nfsh import (exerciser_lines, nfsh_popen, nfsh_binary, nfsh_together,  # noqa: E402
+                      nsx_tree_problems)
 from rig import libnfs_tools  # noqa: E402
 from rig.libnfs_tools import nfs_cp, nfs_ls  # noqa: E402
 from integration._common import make_export  # noqa: E402
@@ -90,18 +89,9 @@ def test_nfs_ls_100k_entries_each_once(srv, big_dir):
 
 def test_readdir_while_creating(srv, big_dir):
     d, originals = big_dir
-    nfsh_binary()  # compile before timing anything
-    creator = nfsh_popen(srv.url(), "create-loop", "/big", CONCURRENT_CREATES)
-    try:
-        time.sleep(0.05)
-        res = nfsh(srv.url(), "readdir", "/big", "--names", check=False, timeout=180)
-        c_out, c_err = creator.communicate(timeout=120)
-    finally:
-        if creator.poll() is None:
-            creator.kill()
-            creator.wait()
-    assert creator.returncode == 0, c_err
-    created = parse_lines(c_out)[-1]
+    # Both begin once both have mounted, so that the creates meet the listing.
+    created, res = nfsh_together(srv.url(), [("create-loop", "/big", CONCURRENT_CREATES),
+                                             ("readdir", "/big", "--names")], timeout=180)
     assert created.get("ops") == CONCURRENT_CREATES, created
     # The listing's calls ran while files were being created (both report
     # CLOCK_MONOTONIC times), or this test checked a quiet directory.

@@ -860,7 +860,7 @@ def test_a_file_clients_read_can_still_be_run_on_the_server(srv, c, work):
     assert c.read(fh, 0, 4096).data[:4] == b"\x7fELF"
     ran = subprocess.run([str(prog), "0"], capture_output=True, text=True)
     assert ran.returncode == 0, f"exec after a client READ: {ran.stderr.strip()}"
-    running = subprocess.Popen([str(prog), "3"])
+    running = subprocess.Popen([str(prog), "600"])   # killed below; long enough for any machine
     try:
         time.sleep(0.3)
         w = c.write(fh, 0, b"\0\0\0\0")

@@ -6,7 +6,7 @@ recorded in docs/reliability.md.
     python3 -m pytest -s tests/reliability/test_floods.py
 
 Latency is compared with a baseline taken on the same machine at the start, with a
-generous factor: p99 < 20 x baseline p99 + 50 ms.
+generous factor: p99 < 20 x baseline p99 + 50 ms in one of up to three probes.
 """
 import contextlib
 import os
@@ -75,17 +75,27 @@ def server(tmp_path_factory):
             print("  " + f)
 
 
-def check_served(srv, name, extra=""):
-    lat = probe(srv, srv.ctx["root"])
-    assert srv.alive(), f"{name}: nasd died"
-    hwm = vm_hwm_kib(srv.pid)
+def check_served(srv, name, extra="", tries=3, flood_goes_on=lambda: True):
+    """Probes while the flood goes on, up to `tries` times until one probe's p99 is within
+    bounds: the p99 of 300 calls is the 4th slowest, so a burst of load from elsewhere on a
+    shared machine can spoil one probe, while a server that holds clients up spoils all.
+    A flood that ends by itself says through `flood_goes_on` whether a next probe would
+    still meet it; one that would not is not made."""
     base = srv.ctx["base_p99"]
-    fig = (f"{name}: probe p50={lat[len(lat) // 2] * 1e3:.2f} ms p99={p99(lat) * 1e3:.2f} ms "
-           f"(baseline p99 {base * 1e3:.2f} ms), nasd VmHWM={hwm // 1024} MiB {extra}")
-    srv.ctx["figures"].append(fig)
-    print("\n" + fig)
-    assert p99(lat) < LAT_FACTOR * base + LAT_SLACK, fig
-    assert hwm < RSS_LIMIT_KIB, fig
+    for attempt in range(1, tries + 1):
+        lat = probe(srv, srv.ctx["root"])
+        assert srv.alive(), f"{name}: nasd died"
+        hwm = vm_hwm_kib(srv.pid)
+        fig = (f"{name}: probe p50={lat[len(lat) // 2] * 1e3:.2f} ms p99={p99(lat) * 1e3:.2f} ms "
+               f"(baseline p99 {base * 1e3:.2f} ms, probe {attempt}), nasd VmHWM={hwm // 1024} MiB {extra}")
+        srv.ctx["figures"].append(fig)
+        print("\n" + fig)
+        assert hwm < RSS_LIMIT_KIB, fig
+        if p99(lat) < LAT_FACTOR * base + LAT_SLACK:
+            return
+        if not flood_goes_on():
+            break
+    raise AssertionError(f"{name}: every probe made ({attempt} of up to {tries}) was too slow; the last: {fig}")
 
 
 def null_call(xid=1):
@@ -491,7 +501,7 @@ def test_garbage_burst(server):
     for t in ts:
         t.start()
     try:
-        check_served(server, "100,000 garbage records")
+        check_served(server, "100,000 garbage records", flood_goes_on=lambda: any(t.is_alive() for t in ts))
     finally:
         for t in ts:
             t.join(120)

@@ -206,16 +206,19 @@ def test_a_change_whose_server_died_in_its_sync_is_answered_not_run_again(freeza
 
 # The start's sync bound (`start_sync_timeout_secs`) in the tests below.
 BOUND = 2
+# Where the export's own sync must finish within the bound for the test to hold, a bound
+# a busy machine cannot overrun.
+ROOMY_BOUND = 6
 
 
 @contextlib.contextmanager
-def remove_killed_in_its_sync(export, backing, tmp_path):
-    """nasd, with a start sync bound of BOUND seconds, killed in the sync of a REMOVE of
-    "n": yields (srv, proc, xid, msg) with nasd stopped."""
+def remove_killed_in_its_sync(export, backing, tmp_path, bound=BOUND):
+    """nasd, with a start sync bound of `bound` seconds, killed in the sync of a REMOVE
+    of "n": yields (srv, proc, xid, msg) with nasd stopped."""
     (export / "n").write_bytes(b"x")
     os.sync()
     config = tmp_path / "nasd.toml"
-    config.write_text(f"[limits]\nstart_sync_timeout_secs = {BOUND}\n")
+    config.write_text(f"[limits]\nstart_sync_timeout_secs = {bound}\n")
     with Nasd(export, args=["--no-root-squash", "--config", str(config)], state_dir=tmp_path / "state") as srv:
         with Nfs3Client(srv.host, srv.port, cred=ROOT) as c1:
             proc, args = nfs3_args.namespace_change(c1.root(srv.export_dir), "remove")
@@ -270,9 +273,9 @@ def test_a_hung_file_system_that_is_not_exported_does_not_cost_the_replies(tmp_p
     needs_root_and_tools()
     with nested_file_system(tmp_path / "exported", False) as (export, backing), \
             nested_file_system(tmp_path / "elsewhere", False) as (elsewhere, elsewhere_backing), \
-            remove_killed_in_its_sync(export, backing, tmp_path) as (srv, proc, xid, msg):
+            remove_killed_in_its_sync(export, backing, tmp_path, ROOMY_BOUND) as (srv, proc, xid, msg):
         again, waited = restart_with_writeback_held(srv, elsewhere, elsewhere_backing, lambda c: decode_result(proc, c.resend(msg, xid)))
         assert again.ok, f"the resent REMOVE ran again: status {again.status}"
-        assert BOUND <= waited < BOUND + 15, f"the answer came {waited:.1f} s after the start"
+        assert ROOMY_BOUND <= waited < ROOMY_BOUND + 15, f"the answer came {waited:.1f} s after the start"
         assert "file systems other than the exports did not finish syncing at start" in srv.log()
         assert "made durable, kept" in srv.log()

@@ -221,6 +221,41 @@ def nfsh_lines(url, *args, timeout=300, env=None, check=True, netns=None) -> lis
     return run_nfsh(url, *args, timeout=timeout, env=env, check=check, netns=netns)[0]
 
 
+def nfsh_together(url, arg_lists, timeout=300, env=None) -> list:
+    """Runs one nfsh per argument list, all beginning their commands at once after every
+    one has mounted (NFSH_START_ON_EOF), and returns each one's last JSON object, in
+    order. Raises NfshError if any of them fails."""
+    env = {**(env or {}), "NFSH_START_ON_EOF": 1}
+    procs = []
+    try:
+        for args in arg_lists:
+            procs.append(nfsh_popen(url, *args, env=env, stdin=subprocess.PIPE))
+        said = []
+        for p in procs:
+            lines = []
+            # Up to its word that it has mounted; one that could not mount ends instead.
+            while (line := p.stdout.readline()) and line.strip() != '{"ready":true}':
+                lines.append(line)
+            said.append("".join(lines))
+        for p in procs:
+            p.stdin.close()
+            p.stdin = None   # closed: communicate() must not touch it
+        results = []
+        for p, args, before in zip(procs, arg_lists, said):
+            out, err = p.communicate(timeout=timeout)
+            objs = _parse_lines(before + out)
+            if p.returncode != 0 or not objs:
+                raise NfshError(f"nfsh {' '.join(map(str, args))} failed rc={p.returncode}: {err.strip()[-2000:]}",
+                                p.returncode, before + out, err, objs[-1] if objs else None)
+            results.append(objs[-1])
+        return results
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def nfsh_popen(url, *args, env=None, netns=None, **kw) -> subprocess.Popen:
     """Start nfsh in the background (e.g. hold-and-read while restarting the
     server).  stdout/stderr are pipes (text); read with ``communicate()``."""

@@ -455,16 +455,34 @@ def test_e2e_hold_and_read_survives_ganesha_restart(tmp_path):
     port, mport = free_port(), free_port()
     g = Ganesha(export, port=port, mount_port=mport)
     g.start()
+    proc = None
     try:
         url = _v3_url(g)
         proc = nfsh_popen(url, "hold-and-read", "/f", 8)
-        time.sleep(2)
+        printed, first_read = [], threading.Event()
+
+        def pump():
+            for line in proc.stdout:
+                printed.append(line)
+                first_read.set()
+            first_read.set()
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        # Stop Ganesha only once a read through the held handle has been answered: nfsh
+        # does not retry its first mount.
+        assert first_read.wait(60) and printed, f"nfsh read nothing: {proc.stderr.read() if proc.poll() is not None else ''}"
         g.stop()
         time.sleep(1)
         g = Ganesha(export, port=port, mount_port=mport)
         g.start()
-        out, err = proc.communicate(timeout=90)
+        proc.wait(timeout=90)
+        reader.join(10)
+        out, err = "".join(printed), proc.stderr.read()
     finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
         g.stop()
     lines = parse_lines(out)
     attempts = [x for x in lines if "attempt" in x]

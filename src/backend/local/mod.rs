@@ -1832,11 +1832,23 @@ mod tests {
         std::fs::write(dir.path().join("g"), vec![6u8; 128 * 1024]).expect("write");
         let (f, _) = fs.lookup(&Cred::root(), &fs.root(), b"f").expect("lookup");
         let (g, _) = fs.lookup(&Cred::root(), &fs.root(), b"g").expect("lookup");
-        for id in [&f, &g] {
-            let mut warm = Vec::new();
-            fs.read(&Cred::root(), id, 0, 128 * 1024, &mut warm, Blocking::Allowed).expect("read into the page cache");
-        }
-        let in_place = |id| fs.read_in_place(&Cred::root(), id, 0, 64 * 1024).expect("read in place");
+        let warm = |id| {
+            let mut out = Vec::new();
+            fs.read(&Cred::root(), id, 0, 128 * 1024, &mut out, Blocking::Allowed).expect("read into the page cache");
+        };
+        warm(&f);
+        warm(&g);
+        // A host's idle-memory reclaim (DAMON `pageout`) can take the file's fresh pages by
+        // its own timing; then the file is read in again, up to three times.
+        let in_place = |id| {
+            for _ in 0..3 {
+                match fs.read_in_place(&Cred::root(), id, 0, 64 * 1024) {
+                    Err(VfsError::WouldBlock) => warm(id),
+                    r => return r.expect("read in place"),
+                }
+            }
+            panic!("the file read in three times is still not in the page cache");
+        };
         let Some((r, range)) = in_place(&f) else {
             eprintln!("skipped: this kernel cannot tell what is in the page cache (cachestat, Linux 6.5)");
             return;
@@ -2405,9 +2417,9 @@ mod tests {
         }
         // Written by another program, in a directory that did not change: the entries were
         // looked at before the writes, within the bounded age, and are served as they were.
-        // This shows the look-ahead is used at all; retried, as on a loaded machine the
-        // helper thread may start late.
-        let served_as_looked_at = (0..5).any(|_| {
+        // This shows the look-ahead is used at all; tried up to 20 times, as on a loaded
+        // machine the helper thread (shared with other tests) may start late.
+        let served_as_looked_at = (0..20).any(|_| {
             sizes_in_next_reply_after(|dir, _| write_every_file(dir, 5)).is_some_and(|s| s.iter().all(|&n| n == 0))
         });
         assert!(served_as_looked_at, "the entries looked at ahead were not used");

@@ -17,6 +17,8 @@
  *   NFSH_DEBUG        libnfs debug level (default 0)
  *   NFSH_DIRCACHE     1 to keep libnfs' directory cache (default off: we test
  *                     the server, not the client cache)
+ *   NFSH_START_ON_EOF set: once mounted print {"ready":true}, then wait for the
+ *                     end of standard input before running the command
  *
  * Built by tests/rig/nfsh.py (cc nfsh.c $(pkg-config --cflags --libs libnfs)).
  * Written against libnfs 4.0 (Debian 12); uses only long-standing API.
@@ -1691,6 +1693,20 @@ int main(int argc, char **argv)
 	struct nfs_url *url;
 	g_no_autoreconnect = !strcmp(cmd, "fsx");
 	nfs = mount_export(&url);
+	/* With NFSH_START_ON_EOF set, say so once mounted and begin only when standard
+	 * input ends: processes started together then begin their work together, whatever
+	 * their mounts took (the bench's parallel clients). */
+	if (getenv("NFSH_START_ON_EOF")) {
+		printf("{\"ready\":true}\n");
+		fflush(stdout);
+		char sink[64];
+		for (;;) {
+			ssize_t got = read(STDIN_FILENO, sink, sizeof sink);
+			if (got > 0 || (got < 0 && errno == EINTR))
+				continue;
+			break;
+		}
+	}
 	int rc;
 
 	if (!strcmp(cmd, "stat"))
