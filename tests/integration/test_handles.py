@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `impor
 from rig.nasd import Nasd  # noqa: E402
 from rig import rpc  # noqa: E402
 from rig.rpc import Nfs3Client  # noqa: E402
-from rig.nfsh import nfsh_popen, parse_lines  # noqa: E402
+from rig.nfsh import OutputFollower, nfsh_popen, parse_lines  # noqa: E402
 from integration._common import ROOT, make_export, write_exports  # noqa: E402
 
 
@@ -27,24 +27,13 @@ def test_hold_and_read_across_restart(tmp_path):
     with Nasd(export, args=["--no-root-squash"]) as n:
         proc = nfsh_popen(n.url(), "hold-and-read", "/f", 7)
         try:
-            printed, first_read = [], threading.Event()
-
-            def pump():
-                for line in proc.stdout:
-                    printed.append(line)
-                    first_read.set()
-                first_read.set()
-
-            reader = threading.Thread(target=pump, daemon=True)
-            reader.start()
+            output = OutputFollower(proc)
             # Restart only once a read through the handle has been answered.
-            assert first_read.wait(60) and printed, f"nfsh read nothing: {proc.stderr.read() if proc.poll() is not None else ''}"
+            output.wait_first_line()
             t_stop = time.time()
             n.restart()
             t_up = time.time()
-            proc.wait(timeout=90)
-            reader.join(10)
-            out, err = "".join(printed), proc.stderr.read()
+            out, err = output.finish()
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -100,6 +89,12 @@ def test_handle_of_removed_directory_is_stale(srv, c):
     assert c.create(fh, "x").status == rpc.NFS3ERR_STALE
 
 
+# How long an unused open object is kept in the tests below: long enough that a busy
+# machine does not let it go before the test has seen it held.
+IDLE_SECS = 5
+LET_GO_WITHIN = 30
+
+
 def _deleted_files_held(pid: int, name: str) -> list:
     """The descriptors of process `pid` that still hold a deleted file called `name`."""
     held = []
@@ -120,7 +115,7 @@ def test_files_deleted_by_others_are_let_go_once_idle(tmp_path):
     (export / "big").write_bytes(os.urandom(4 << 20))
     (export / "replaced").write_bytes(b"old contents")
     config = tmp_path / "nasd.toml"
-    config.write_text("[limits]\nopen_object_idle_secs = 2\n")
+    config.write_text(f"[limits]\nopen_object_idle_secs = {IDLE_SECS}\n")
     with Nasd(export, args=["--no-root-squash", "--config", config]) as n, \
             Nfs3Client(n.host, n.port, cred=ROOT) as c:
         root = c.root(n.export_dir)
@@ -132,12 +127,12 @@ def test_files_deleted_by_others_are_let_go_once_idle(tmp_path):
         assert _deleted_files_held(n.pid, "big"), "nasd had the file open (else this test proves nothing)"
         (export / "replacement").write_bytes(b"replacement")
         os.rename(export / "replacement", export / "replaced")
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + LET_GO_WITHIN
         while time.monotonic() < deadline and (_deleted_files_held(n.pid, "big")
                                                or _deleted_files_held(n.pid, "replaced")):
             time.sleep(0.2)
         assert _deleted_files_held(n.pid, "big") == [] and _deleted_files_held(n.pid, "replaced") == [], \
-            "deleted files still held open 15 s after their last use"
+            f"deleted files still held open {LET_GO_WITHIN} s after their last use"
         # The old handle now answers as a deleted file's must.
         assert c.getattr(big).status == rpc.NFS3ERR_STALE
         assert c.read(c.lookup(root, "replaced").fh).data == b"replacement"
@@ -153,7 +148,7 @@ def test_a_listing_left_unfinished_lets_its_removed_directory_go_once_idle(tmp_p
     for i in range(300):
         (listed / f"entry-{i:04}-{'x' * 40}").write_bytes(b"")
     config = tmp_path / "nasd.toml"
-    config.write_text("[limits]\nopen_object_idle_secs = 2\n")
+    config.write_text(f"[limits]\nopen_object_idle_secs = {IDLE_SECS}\n")
     with Nasd(export, args=["--no-root-squash", "--config", config]) as n, \
             Nfs3Client(n.host, n.port, cred=ROOT) as c:
         root = c.root(n.export_dir)
@@ -163,10 +158,10 @@ def test_a_listing_left_unfinished_lets_its_removed_directory_go_once_idle(tmp_p
             entry.unlink()
         listed.rmdir()
         assert _deleted_files_held(n.pid, "listed"), "nasd kept the stream open (else this test proves nothing)"
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + LET_GO_WITHIN
         while time.monotonic() < deadline and _deleted_files_held(n.pid, "listed"):
             time.sleep(0.2)
-        assert _deleted_files_held(n.pid, "listed") == [], "a removed directory still held open 15 s after its listing stopped"
+        assert _deleted_files_held(n.pid, "listed") == [], f"a removed directory still held open {LET_GO_WITHIN} s after its listing stopped"
 
 
 def test_handle_survives_rename_on_disk(srv, c):

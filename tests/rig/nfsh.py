@@ -37,6 +37,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from rig.fio import ensure_build_packages, file_lock, get_cache_dir
@@ -254,6 +255,34 @@ def nfsh_together(url, arg_lists, timeout=300, env=None) -> list:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+class OutputFollower:
+    """Collects the output lines of a process started with :func:`nfsh_popen` as they
+    come, so that a test can act once the first one is out (the first read of a
+    hold-and-read) and still have all of them at the end."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc, self.lines, self._first = proc, [], threading.Event()
+        self._reader = threading.Thread(target=self._pump, daemon=True)
+        self._reader.start()
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            self._first.set()
+        self._first.set()
+
+    def wait_first_line(self, timeout=60.0):
+        """Fails the test unless a first line came within `timeout` seconds."""
+        assert self._first.wait(timeout) and self.lines, \
+            f"nfsh printed nothing: {self.proc.stderr.read() if self.proc.poll() is not None else ''}"
+
+    def finish(self, timeout=90.0) -> tuple[str, str]:
+        """Waits for the process to end; returns (stdout, stderr)."""
+        self.proc.wait(timeout=timeout)
+        self._reader.join(10)
+        return "".join(self.lines), self.proc.stderr.read()
 
 
 def nfsh_popen(url, *args, env=None, netns=None, **kw) -> subprocess.Popen:

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `impor
 
 from rig import fio as rig_fio  # noqa: E402
 from rig.fio import parse_fio_json, run_fio, fio_binary, has_nfs_engine  # noqa: E402
-from rig.nfsh import (nfsh, nfsh_lines, nfsh_popen, nfsh_binary, NfshError,  # noqa: E402
+from rig.nfsh import (nfsh, nfsh_lines, nfsh_popen, nfsh_binary, NfshError, OutputFollower,  # noqa: E402
                       pattern_bytes, parse_lines)
 from rig.nasd import Nasd, NasdError, free_port  # noqa: E402
 from rig import libnfs_tools  # noqa: E402
@@ -459,26 +459,15 @@ def test_e2e_hold_and_read_survives_ganesha_restart(tmp_path):
     try:
         url = _v3_url(g)
         proc = nfsh_popen(url, "hold-and-read", "/f", 8)
-        printed, first_read = [], threading.Event()
-
-        def pump():
-            for line in proc.stdout:
-                printed.append(line)
-                first_read.set()
-            first_read.set()
-
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
+        output = OutputFollower(proc)
         # Stop Ganesha only once a read through the held handle has been answered: nfsh
         # does not retry its first mount.
-        assert first_read.wait(60) and printed, f"nfsh read nothing: {proc.stderr.read() if proc.poll() is not None else ''}"
+        output.wait_first_line()
         g.stop()
         time.sleep(1)
         g = Ganesha(export, port=port, mount_port=mport)
         g.start()
-        proc.wait(timeout=90)
-        reader.join(10)
-        out, err = "".join(printed), proc.stderr.read()
+        out, err = output.finish()
     finally:
         if proc is not None and proc.poll() is None:
             proc.kill()
