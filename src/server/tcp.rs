@@ -29,6 +29,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -212,6 +213,10 @@ struct ReplySink {
     wake_writer: Notify,
     /// Whether the client takes its replies, for the stall watch.
     progress: Arc<Progress>,
+    /// When replies were last handed over (nanoseconds since `created`): where the
+    /// client's wait for a reply ends and its time to the next call begins.
+    created: Instant,
+    last_submit_ns: AtomicU64,
 }
 
 enum Sent {
@@ -223,12 +228,25 @@ enum Sent {
 
 impl ReplySink {
     fn new(socket: OwnedWriteHalf, progress: Arc<Progress>) -> Self {
-        Self { socket, state: Mutex::new(SinkState::default()), wake_writer: Notify::new(), progress }
+        Self {
+            socket,
+            state: Mutex::new(SinkState::default()),
+            wake_writer: Notify::new(),
+            progress,
+            created: Instant::now(),
+            last_submit_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// When replies were last handed over to be sent.
+    fn last_submit(&self) -> Instant {
+        self.created + Duration::from_nanos(self.last_submit_ns.load(Ordering::Relaxed))
     }
 
     /// Queues replies and, unless someone is already sending, sends the queue now from this
     /// thread; never blocks.
     fn submit(&self, replies: impl IntoIterator<Item = Outgoing>) {
+        self.last_submit_ns.store(self.created.elapsed().as_nanos() as u64, Ordering::Relaxed);
         {
             let mut st = self.state.lock();
             if st.closed {
@@ -574,7 +592,15 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
         let wait_started = rd.buffer().is_empty().then(|| {
             batch.flush();
             let started = Instant::now();
-            shared.busy_poll.poll_readable(rd.get_ref().inner.as_ref().as_raw_fd(), last_wait);
+            let fd = rd.get_ref().inner.as_ref().as_raw_fd();
+            if calls_running(&conn_slots, per_conn) {
+                // A call of this client's is still running (on a blocking thread: a sync,
+                // a large I/O): its next request comes only after that reply, so poll on
+                // through it rather than let this thread, and with it the CPU, sleep.
+                shared.busy_poll.poll_readable_after(fd, last_wait, || calls_running(&conn_slots, per_conn));
+            } else {
+                shared.busy_poll.poll_readable(fd, last_wait);
+            }
             started
         });
         let waited = batch
@@ -615,7 +641,9 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
             Some(Ok(Ok(false))) => {}
         }
         if let Some(started) = wait_started {
-            last_wait = Some(started.elapsed());
+            // The client's own time to its next call: counted from its last reply where
+            // that went out during the wait (a call that ran on a blocking thread).
+            last_wait = Some(started.max(sink.last_submit()).elapsed());
         }
         let global_wait = async {
             tokio::select! {
