@@ -68,13 +68,15 @@ impl BusyPoll {
         let start = Instant::now();
         // When the window began: once no call of the client's runs.
         let mut window_start = None;
+        // The call needs a CPU of its own: on one core, polling would take it from it.
+        let through_call = if self.cpu.cores >= 2 { self.through_call } else { Duration::ZERO };
         let arrived = loop {
             if readable(fd) {
                 break true;
             }
             let now = Instant::now();
             match window_start {
-                None if running() && now - start < self.through_call => {}
+                None if running() && now - start < through_call => {}
                 None => window_start = Some(now),
                 Some(since) if now - since >= self.window => break false,
                 Some(_) => {}
@@ -219,7 +221,7 @@ mod tests {
     fn polls_through_a_running_call_and_then_for_the_window() {
         let (mut client, server) = pair();
         let fd = server.as_raw_fd();
-        let mut poll = BusyPoll::with_gauge(Duration::from_millis(20), SpareCpu::new(None, 1));
+        let mut poll = BusyPoll::with_gauge(Duration::from_millis(20), SpareCpu::new(None, 2));
         poll.through_call = Duration::from_millis(200);
         // The call runs for 30 ms, longer than the window, and the request follows its
         // reply after 5 ms: caught, as the window starts when the call ends.
@@ -249,6 +251,12 @@ mod tests {
         // A client that is not in a tight loop is not polled for, running call or not.
         assert!(!poll.poll_readable_after(fd, Some(Duration::from_secs(1)), || true));
         assert_eq!(poll.spins.load(Ordering::Relaxed), 3);
+        // On one core the call needs the CPU: only the window is polled.
+        let mut single = BusyPoll::with_gauge(Duration::from_millis(20), SpareCpu::new(None, 1));
+        single.through_call = Duration::from_secs(2);
+        let started = Instant::now();
+        assert!(!single.poll_readable_after(fd, Some(Duration::from_micros(10)), || true));
+        assert!(started.elapsed() < Duration::from_secs(1), "polled through a call on one core for {:?}", started.elapsed());
         drop(client);
     }
 
