@@ -22,6 +22,8 @@ pub struct BusyPoll {
     through_call: Duration,
     /// Spins begun, for the tests: whether a call polled does not depend on a clock.
     spins: AtomicU64,
+    /// Spins that saw the next request arrive.
+    caught: AtomicU64,
     pollers: AtomicUsize,
     max_pollers: usize,
     cpu: SpareCpu,
@@ -38,7 +40,7 @@ impl BusyPoll {
     }
 
     fn with_gauge(window: Duration, cpu: SpareCpu) -> Self {
-        Self { window, through_call: MAX_POLL_THROUGH_CALL, spins: AtomicU64::new(0), pollers: AtomicUsize::new(0), max_pollers: (cpu.cores / 2).max(1), cpu }
+        Self { window, through_call: MAX_POLL_THROUGH_CALL, spins: AtomicU64::new(0), caught: AtomicU64::new(0), pollers: AtomicUsize::new(0), max_pollers: (cpu.cores / 2).max(1), cpu }
     }
 
     /// Spins until `fd` has data to read (or reached end of stream), for at most the
@@ -84,7 +86,25 @@ impl BusyPoll {
             std::hint::spin_loop();
         };
         self.pollers.fetch_sub(1, Ordering::AcqRel);
+        if arrived {
+            self.caught.fetch_add(1, Ordering::Relaxed);
+        }
         arrived
+    }
+
+    /// How many requests arrived while their connection polled for them.
+    #[cfg(test)]
+    pub fn caught(&self) -> u64 {
+        self.caught.load(Ordering::Relaxed)
+    }
+
+    /// A poller that finds a CPU to spare on a machine of two cores, whatever the load
+    /// (tests of the transport, whose outcome must not depend on other tests' threads).
+    #[cfg(test)]
+    pub fn always_spare(window: Duration, through_call: Duration) -> Self {
+        let mut poll = Self::with_gauge(window, SpareCpu::new(None, 2));
+        poll.through_call = through_call;
+        poll
     }
 }
 

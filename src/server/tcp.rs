@@ -1021,6 +1021,15 @@ mod tests {
 
     /// A server's shared state with `program` alone and `limits`.
     fn shared_with(program: Arc<dyn crate::rpc::RpcProgram>, limits: crate::server::config::Limits) -> Arc<Shared> {
+        shared_polling(program, limits, crate::server::busy_poll::BusyPoll::new(Duration::ZERO))
+    }
+
+    /// As [`shared_with`], polling for requests with `busy_poll`.
+    fn shared_polling(
+        program: Arc<dyn crate::rpc::RpcProgram>,
+        limits: crate::server::config::Limits,
+        busy_poll: crate::server::busy_poll::BusyPoll,
+    ) -> Arc<Shared> {
         use crate::metrics::Metrics;
         let metrics = Arc::new(Metrics::new());
         let state = crate::server::state::ServerState::new(Vec::new(), crate::fh::HandleKey::from_bytes([7; 32]), metrics.clone());
@@ -1029,7 +1038,7 @@ mod tests {
             metrics,
             record_limits: crate::rpc::record::RecordLimits { max_record: limits.max_record_bytes, max_fragments: 1024 },
             global_requests: Arc::new(Semaphore::new(limits.max_requests_in_flight)),
-            busy_poll: crate::server::busy_poll::BusyPoll::new(Duration::ZERO),
+            busy_poll,
             record_pool: crate::rpc::record::RecordPool::new(4),
             state: Arc::new(state),
             stalls: stalls::Stalls::new(Duration::from_secs(limits.stall_timeout_secs)),
@@ -1138,6 +1147,37 @@ mod tests {
         // The call ends at 1.5 s, inside the first 2 s idle period; the next call
         // comes 1 s after its reply, when that period (not restarted) has expired.
         quick_call_after_a_long_one_and_a_pause(1500, 1000).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_waiting_for_calls_on_blocking_threads_is_polled_for_through_them() {
+        use std::io::Write;
+        // Each call runs 100 ms on a blocking thread, longer than the window (20 ms) and
+        // than the wait that still counts as a tight loop (4 × 20 ms), and the client
+        // sends the next as soon as it has the reply. The server must poll through each
+        // call and catch the next request: its client's own pause is short, counted
+        // from the reply, not from the call's arrival.
+        const CALLS: u32 = 6;
+        let poll = crate::server::busy_poll::BusyPoll::always_spare(Duration::from_millis(20), Duration::from_secs(1));
+        let shared = shared_polling(Arc::new(Sleepy), Default::default(), poll);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(accept_loop(listener, shared.clone()));
+        tokio::task::spawn_blocking(move || {
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            for xid in 1..=CALLS {
+                s.write_all(&sleepy_call(xid, 1, 100)).unwrap();
+                assert_eq!(read_reply(&mut s).unwrap(), (xid, 100));
+            }
+        })
+        .await
+        .unwrap();
+        // The first call has no history and the second follows a first wait that the
+        // server spent asleep; of the other four, a client held up past the window by a
+        // loaded machine may miss one or two.
+        let caught = shared.busy_poll.caught();
+        assert!(caught >= 2, "{caught} of the last {} requests were caught while polling", CALLS - 2);
     }
 
     fn socket_with_small_buffers(addr: SocketAddr) -> std::net::TcpStream {
