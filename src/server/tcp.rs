@@ -29,7 +29,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -573,6 +573,8 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
     let mut batch = Batch { sink: &sink, replies: Vec::new(), bytes: 0 };
     // How long the client took to send its next request the last time we had to wait.
     let mut last_wait: Option<Duration> = None;
+    // Calls of this connection running on blocking threads, until their replies are queued.
+    let on_threads = Arc::new(AtomicUsize::new(0));
     let result = loop {
         // The writer gave up on a client that stopped reading: run nothing more for it.
         if writer.is_finished() {
@@ -593,11 +595,11 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
             batch.flush();
             let started = Instant::now();
             let fd = rd.get_ref().inner.as_ref().as_raw_fd();
-            if calls_running(&conn_slots, per_conn) {
-                // A call of this client's is still running (on a blocking thread: a sync,
-                // a large I/O): its next request comes only after that reply, so poll on
+            if on_threads.load(Ordering::Acquire) > 0 {
+                // A call of this client's is still running on a blocking thread (a sync,
+                // typically): its next request comes only after that reply, so poll on
                 // through it rather than let this thread, and with it the CPU, sleep.
-                shared.busy_poll.poll_readable_after(fd, last_wait, || calls_running(&conn_slots, per_conn));
+                shared.busy_poll.poll_readable_after(fd, last_wait, || on_threads.load(Ordering::Acquire) > 0);
             } else {
                 shared.busy_poll.poll_readable(fd, last_wait);
             }
@@ -692,7 +694,9 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
             }
             Handled::NeedsThread => {
                 let (shared, sink) = (shared.clone(), sink.clone());
+                let running = OnThread::start(&on_threads);
                 tokio::task::spawn_blocking(move || {
+                    let _running = running;
                     let reply = shared.dispatcher.handle(&record, peer, local, Transport::Tcp);
                     shared.record_pool.put(record);
                     if let Some(reply) = reply {
@@ -715,6 +719,23 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
         let _ = writer.await;
     }
     result
+}
+
+/// A call of a connection running on a blocking thread, counted in the connection's
+/// `on_threads` until it is dropped (after its reply is queued, or by a panic).
+struct OnThread(Arc<AtomicUsize>);
+
+impl OnThread {
+    fn start(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        Self(count.clone())
+    }
+}
+
+impl Drop for OnThread {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Whether calls of this connection are running or their replies are still queued,
