@@ -571,6 +571,21 @@ impl Runner {
         }
         Ok(clients)
     }
+
+    /// Runs one nfsh per argument list as a metadata job's timed part: mounted first, then
+    /// the server's counters and the CPU window start and every client begins at once.
+    /// Records the window and the command lines in `m`; returns each client's command
+    /// line and result.
+    fn nfsh_timed(&mut self, t: &Target, arg_lists: &[Vec<String>], m: &mut Measurement) -> Result<Vec<(String, serde_json::Value)>> {
+        let mounted = self.nfsh_mounted(t, arg_lists)?;
+        self.timed_part_starts(t);
+        let window = cpu::CpuWindow::start(t.pid());
+        let runs = mounted.run()?;
+        m.cpu = Some(window.finish());
+        m.commands.extend(runs.iter().map(|(cmd, _)| cmd.clone()));
+        Ok(runs)
+    }
+
     /// The parallel metadata jobs: `clients` nfsh processes at once, each creating (or
     /// removing) its share of `files` in a directory of its own, `/md-par/cN`. The figure is
     /// all their operations over the time from the first loop's start to the last one's
@@ -595,14 +610,9 @@ impl Runner {
                 MetaOp::Remove => dirs.iter().map(|d| vec!["remove-loop".into(), d.clone(), per.to_string(), "f".into()]).collect(),
                 _ => bail!("{op:?} has no parallel form"),
             };
-            let mounted = self.nfsh_mounted(t, &loops)?;
-            self.timed_part_starts(t);
-            let window = cpu::CpuWindow::start(t.pid());
-            let runs = mounted.run()?;
-            m.cpu = Some(window.finish());
+            let runs = self.nfsh_timed(t, &loops, m)?;
             let values: Vec<&serde_json::Value> = runs.iter().map(|(_, v)| v).collect();
             self.save_raw(tag, &serde_json::json!(values).to_string());
-            m.commands.extend(runs.iter().map(|(cmd, _)| cmd.clone()));
             let ops: f64 = values.iter().map(|v| reported(v, "ops")).sum::<Result<f64>>()?;
             (ops as u64, concurrent_span(&values)?)
         };
@@ -773,12 +783,7 @@ impl Runner {
                     MetaOp::Remove => (vec!["remove-loop".into(), flat, files.to_string(), "r".into()], "ops"),
                     MetaOp::Untar | MetaOp::CopyTree | MetaOp::RemoveTree => unreachable!("real-tree jobs run in run_tree_job"),
                 };
-                let mounted = self.nfsh_mounted(t, &[args])?;
-                self.timed_part_starts(t);
-                let window = cpu::CpuWindow::start(t.pid());
-                let (cmd, v) = mounted.run()?.remove(0);
-                m.cpu = Some(window.finish());
-                m.commands.push(cmd);
+                let (_, v) = self.nfsh_timed(t, &[args], m)?.remove(0);
                 self.save_raw(&tag(""), &v.to_string());
                 let (ops, secs) = (reported(&v, count_key)?, reported_seconds(&v)?);
                 if *op == MetaOp::Readdir && ops != *files as f64 {
@@ -824,12 +829,7 @@ impl Runner {
                 MetaOp::CopyTree => vec!["copy-tree".into(), untar, copy.clone()],
                 _ => vec!["remove-tree".into(), untar],
             };
-            let mounted = self.nfsh_mounted(t, &[args])?;
-            self.timed_part_starts(t);
-            let window = cpu::CpuWindow::start(t.pid());
-            let (cmd, v) = mounted.run()?.remove(0);
-            m.cpu = Some(window.finish());
-            m.commands.push(cmd);
+            let (_, v) = self.nfsh_timed(t, &[args], m)?.remove(0);
             self.save_raw(tag, &v.to_string());
             if op == MetaOp::RemoveTree {
                 // The copy goes too, not timed.

@@ -53,10 +53,9 @@ impl BusyPoll {
     /// As [`Self::poll_readable`], for a client whose call is still running (`running`
     /// says whether it is): its next request can only follow that call's reply, so the
     /// window starts once `running` turns false; polling through the call lasts at most
-    /// [`MAX_POLL_THROUGH_CALL`]. Without this the server thread sleeps through every
-    /// call that runs on a blocking thread (a sync, typically), and both its wake-up for
-    /// the client's next request and, the request after that, its not polling at all (the
-    /// wait looked long) cost the client a sleeping CPU's wake-up each.
+    /// [`MAX_POLL_THROUGH_CALL`]. Otherwise the thread would sleep through every call run
+    /// on a blocking thread (a sync, typically), and the client's next request would have
+    /// to wake it.
     pub fn poll_readable_after(&self, fd: RawFd, last_wait: Option<Duration>, running: impl Fn() -> bool) -> bool {
         let tight = last_wait.is_some_and(|w| w <= self.window * TIGHT_LOOP_FACTOR);
         if self.window.is_zero() || !tight || !self.cpu.has_spare() {
