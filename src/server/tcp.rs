@@ -738,12 +738,12 @@ impl Drop for OnThread {
     }
 }
 
-/// Whether calls of this connection are running or their replies are still queued,
-/// while the reader holds one slot for the next.
 /// How often a connection whose calls outlast the idle timeout looks whether they have
 /// ended, to start its quiet period no later than this after the last one.
 const IDLE_RECHECK: Duration = Duration::from_secs(1);
 
+/// Whether calls of this connection are running or their replies are still queued,
+/// while the reader holds one slot for the next.
 fn calls_running(conn_slots: &Semaphore, per_conn: usize) -> bool {
     conn_slots.available_permits() + 1 < per_conn
 }
