@@ -53,7 +53,7 @@ struct ServeArgs {
     #[arg(long, value_name = "FILE")]
     exports: Option<PathBuf>,
     /// TOML configuration file (listen, portmap, state_dir, metrics, exports, busy_poll_us,
-    /// [limits]).
+    /// tcp_congestion, [limits]).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Also answer portmapper/rpcbind queries on port 111, so clients can mount without
@@ -76,6 +76,12 @@ struct ServeArgs {
     /// time while such a client is active; at most one connection per two cores polls.
     #[arg(long, value_name = "MICROSECONDS")]
     busy_poll_us: Option<u64>,
+    /// TCP congestion control for NFS connections (e.g. cubic, reno, bbr; default: the
+    /// system's, net.ipv4.tcp_congestion_control). On the same host (loopback), bbr
+    /// limits a connection to a few segments in flight: 1 MiB reads ran at half the
+    /// speed they reach with cubic (docs/performance.md).
+    #[arg(long, value_name = "NAME")]
+    tcp_congestion: Option<String>,
     /// DIR mode: export read-only.
     #[arg(long, conflicts_with = "exports")]
     ro: bool,
@@ -184,6 +190,9 @@ fn build_config(args: &ServeArgs) -> anyhow::Result<Config> {
     }
     if let Some(us) = args.busy_poll_us {
         config.busy_poll_us = us;
+    }
+    if let Some(name) = &args.tcp_congestion {
+        config.tcp_congestion = Some(name.clone());
     }
     if let Some(e) = &args.exports {
         config.exports = Some(e.clone());

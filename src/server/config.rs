@@ -20,6 +20,9 @@ pub struct Config {
     pub exports: Option<PathBuf>,
     /// How long to poll a busy connection for its next request before sleeping (0: never).
     pub busy_poll_us: u64,
+    /// TCP congestion control for NFS and MOUNT connections (`TCP_CONGESTION`, e.g.
+    /// "cubic"); the system's default (`net.ipv4.tcp_congestion_control`) when unset.
+    pub tcp_congestion: Option<String>,
     pub limits: Limits,
 }
 
@@ -66,6 +69,7 @@ impl Default for Config {
             metrics: None,
             exports: None,
             busy_poll_us: 50,
+            tcp_congestion: None,
             limits: Limits::default(),
         }
     }
@@ -162,16 +166,31 @@ const RECORD_MAX: u64 = 1 << 30;
 /// Longest busy poll taken, in microseconds: a worker thread spins this long per busy
 /// connection, holding off the other connections' tasks on it.
 const BUSY_POLL_MAX_US: u64 = 1000;
+/// The kernel's limit on a congestion control name, its terminating NUL included.
+const TCP_CA_NAME_MAX: usize = 16;
 
 impl Config {
     pub fn from_toml(text: &str) -> Result<Config, toml::de::Error> {
         toml::from_str(text)
     }
 
-    /// [`Limits::check`], and a busy poll no longer than [`BUSY_POLL_MAX_US`].
+    /// [`Limits::check`], a busy poll no longer than [`BUSY_POLL_MAX_US`], and a
+    /// congestion control name the kernel could take (whether it has that algorithm is
+    /// found out when the server starts).
     pub fn check(&self) -> Result<(), String> {
         if self.busy_poll_us > BUSY_POLL_MAX_US {
             return Err(format!("busy_poll_us = {} is refused: it must be at most {BUSY_POLL_MAX_US}", self.busy_poll_us));
+        }
+        if let Some(name) = &self.tcp_congestion {
+            let well_formed = !name.is_empty()
+                && name.len() < TCP_CA_NAME_MAX
+                && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+            if !well_formed {
+                return Err(format!(
+                    "tcp_congestion = {name:?} is refused: it must be the name of a congestion control algorithm (letters, digits, '_' or '-', at most {} characters)",
+                    TCP_CA_NAME_MAX - 1
+                ));
+            }
         }
         self.limits.check()
     }
@@ -257,5 +276,17 @@ mod tests {
         assert_eq!(c.limits.drc_entries, 10);
         assert_eq!(c.limits.max_requests_per_connection, 128);
         assert!(Config::from_toml("lisen = \"x\"").is_err());
+    }
+
+    #[test]
+    fn a_congestion_control_name_the_kernel_could_not_take_is_refused() {
+        for bad in ["", "cubic reno", "a/b", "sixteen_letters_"] {
+            let config = Config { tcp_congestion: Some(bad.into()), ..Config::default() };
+            let refused = config.check().expect_err(bad);
+            assert!(refused.starts_with("tcp_congestion = "), "{refused}");
+        }
+        let config = Config::from_toml("tcp_congestion = \"cubic\"").expect("parses");
+        assert_eq!(config.tcp_congestion.as_deref(), Some("cubic"));
+        assert_eq!(config.check(), Ok(()));
     }
 }

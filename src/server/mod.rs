@@ -102,6 +102,27 @@ async fn bind_tcp(addr: SocketAddr) -> anyhow::Result<TcpListener> {
     })
 }
 
+/// Has `listener`'s connections use the congestion control algorithm `name`: accepted
+/// sockets inherit it from their listener (a route's `congctl` still takes precedence).
+/// Refused where the kernel lacks the algorithm, or, without `CAP_NET_ADMIN`, where
+/// `net.ipv4.tcp_allowed_congestion_control` does not list it.
+fn set_congestion_control(listener: &TcpListener, name: &str) -> anyhow::Result<()> {
+    let fd = std::os::fd::AsRawFd::as_raw_fd(listener);
+    // SAFETY: setsockopt reads `name.len()` bytes from a live string.
+    let rc = unsafe { libc::setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_CONGESTION, name.as_ptr().cast(), name.len() as libc::socklen_t) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    let available = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control").unwrap_or_default();
+    let hint = match e.raw_os_error() {
+        Some(libc::ENOENT) => format!(" (this kernel has: {}; a module may add more, e.g. tcp_{name})", available.trim()),
+        Some(libc::EPERM) => " (not in net.ipv4.tcp_allowed_congestion_control, and nasd is not root)".to_string(),
+        _ => String::new(),
+    };
+    Err(UsageError(format!("tcp_congestion = {name:?} cannot be used: {e}{hint}")).into())
+}
+
 async fn bind_udp(addr: SocketAddr) -> anyhow::Result<UdpSocket> {
     let socket = UdpSocket::bind(addr).await.map_err(|e| UsageError(format!("cannot listen on udp {addr}: {e}")))?;
     if addr.ip().is_unspecified() {
@@ -176,6 +197,12 @@ impl Server {
             let addr = SocketAddr::new(config.listen.ip(), config.portmap_port);
             tcp.push(bind_tcp(addr).await?);
             udp.push(Arc::new(bind_udp(addr).await?));
+        }
+        if let Some(name) = &config.tcp_congestion {
+            for listener in &tcp {
+                set_congestion_control(listener, name)?;
+            }
+            tracing::info!(algorithm = %name, "TCP congestion control of NFS connections");
         }
         let metrics_listener = match config.metrics {
             Some(addr) => Some(bind_tcp(addr).await?),
@@ -430,5 +457,43 @@ fn raise_fd_limit() {
             lim.rlim_cur = lim.rlim_max.min(1 << 20);
             libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The congestion control an open TCP socket uses.
+    fn congestion_control_of(fd: std::os::fd::RawFd) -> String {
+        let mut name = [0u8; 16];
+        let mut len = name.len() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into `name`.
+        let rc = unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_CONGESTION, name.as_mut_ptr().cast(), &mut len) };
+        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+        let name = &name[..len as usize];
+        String::from_utf8_lossy(&name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())]).into_owned()
+    }
+
+    #[tokio::test]
+    async fn connections_accepted_on_a_listener_take_its_congestion_control() {
+        let system = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control").unwrap_or_default();
+        // reno is built into every kernel; pick it unless it is already the default, so
+        // the test can tell the setting from the default.
+        let wanted = if system.trim() == "reno" { "cubic" } else { "reno" };
+        let listener = bind_tcp("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        set_congestion_control(&listener, wanted).unwrap();
+        let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        assert_eq!(congestion_control_of(std::os::fd::AsRawFd::as_raw_fd(&accepted)), wanted);
+        // The client's end keeps the system's default: the setting is the server's alone.
+        assert_eq!(congestion_control_of(std::os::fd::AsRawFd::as_raw_fd(&client)), system.trim());
+    }
+
+    #[tokio::test]
+    async fn an_algorithm_the_kernel_lacks_is_refused_naming_it_and_what_there_is() {
+        let listener = bind_tcp("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let err = set_congestion_control(&listener, "nosuchalgo").unwrap_err().to_string();
+        assert!(err.contains("\"nosuchalgo\"") && err.contains("this kernel has: ") && err.contains("reno"), "{err}");
     }
 }

@@ -1,6 +1,7 @@
 """Command line behaviour and the Prometheus metrics endpoint."""
 
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -81,6 +82,36 @@ def test_malformed_exports_line_reports_file_and_line(tmp_path, bad):
                  "--state-dir", tmp_path / "s")
     assert p.returncode == 2, (p.returncode, p.stderr)
     assert f"{ex}:3" in p.stderr, p.stderr
+
+
+def _congestion_control_of_connections_to(port: int) -> list[str]:
+    """The congestion control of each established TCP socket on local port `port` (the
+    server's ends), from `ss`, which prints it first on each socket's info line."""
+    p = subprocess.run(["ss", "-Htin", "state", "established", f"( sport = :{port} )"],
+                       capture_output=True, text=True, timeout=10)
+    assert p.returncode == 0, p.stderr
+    algorithms = set(Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split())
+    return [tok for tok in p.stdout.split() if tok in algorithms]
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="ss not installed (Debian package iproute2)")
+def test_tcp_congestion_applies_to_nfs_connections_and_the_default_is_the_systems(tmp_path):
+    system = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    wanted = "cubic" if system == "reno" else "reno"    # reno is in every kernel
+    export = make_export(tmp_path)
+    with Nasd(export, args=["--tcp-congestion", wanted]) as tuned, Nasd(export, state_dir=tmp_path / "s2") as plain:
+        for server, expected in ((tuned, wanted), (plain, system)):
+            with Nfs3Client("127.0.0.1", server.port) as c:
+                c.call(NFS_PROG, 3, 0, b"")        # NULL: the connection is accepted and served
+                assert _congestion_control_of_connections_to(server.port) == [expected]
+    assert f"algorithm={wanted}" in re.sub(r"\x1b\[[0-9;]*m", "", tuned.log())
+
+
+def test_an_unknown_tcp_congestion_exits_2_naming_it(tmp_path):
+    p = run_nasd("serve", make_export(tmp_path), "--listen", f"127.0.0.1:{free_port()}",
+                 "--state-dir", tmp_path / "s", "--tcp-congestion", "nosuchalgo")
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert '"nosuchalgo"' in p.stderr and "this kernel has" in p.stderr, p.stderr
 
 
 @pytest.mark.parametrize("kind", ["tcp", "udp"])
