@@ -77,9 +77,9 @@ struct ServeArgs {
     #[arg(long, value_name = "MICROSECONDS")]
     busy_poll_us: Option<u64>,
     /// TCP congestion control for NFS connections (e.g. cubic, reno, bbr; default: the
-    /// system's, net.ipv4.tcp_congestion_control). On the same host (loopback), bbr
-    /// limits a connection to a few segments in flight: 1 MiB reads ran at half the
-    /// speed they reach with cubic (docs/performance.md).
+    /// system's, net.ipv4.tcp_congestion_control). On the same host (loopback), bbr paces
+    /// a connection at a bandwidth estimate that swings widely: 1 MiB reads ran at half
+    /// the speed they reach with cubic (docs/performance.md).
     #[arg(long, value_name = "NAME")]
     tcp_congestion: Option<String>,
     /// DIR mode: export read-only.

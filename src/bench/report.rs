@@ -653,7 +653,8 @@ fn cmd(argv: &[&str]) -> String {
         .unwrap_or_default()
 }
 
-/// CPU, cores, memory, kernel, OS, file system of `dir`, versions, idle page-cache reclaim.
+/// CPU, cores, memory, kernel, OS, file system of `dir`, versions, idle page-cache
+/// reclaim, TCP congestion control.
 pub fn machine_facts(dir: &Path) -> Vec<(String, String)> {
     let cpuinfo = read("/proc/cpuinfo");
     let cpu = cpuinfo.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split_once(':')).map(|(_, v)| v.trim().to_string()).unwrap_or_default();
@@ -679,6 +680,9 @@ pub fn machine_facts(dir: &Path) -> Vec<(String, String)> {
             "idle page-cache reclaim".into(),
             super::pagecache::idle_page_reclaim(Path::new("/sys/kernel/mm/damon/admin")).unwrap_or_else(|| "none found".into()),
         ),
+        // It bounds the 1 MiB jobs over loopback: bbr keeps a loopback connection to a
+        // few segments in flight (docs/performance.md).
+        ("TCP congestion control (the system's, for client and servers)".into(), read("/proc/sys/net/ipv4/tcp_congestion_control").trim().to_string()),
     ]
 }
 
