@@ -680,8 +680,8 @@ pub fn machine_facts(dir: &Path) -> Vec<(String, String)> {
             "idle page-cache reclaim".into(),
             super::pagecache::idle_page_reclaim(Path::new("/sys/kernel/mm/damon/admin")).unwrap_or_else(|| "none found".into()),
         ),
-        // It bounds the 1 MiB jobs over loopback: bbr keeps a loopback connection to a
-        // few segments in flight (docs/performance.md).
+        // It can bound the 1 MiB jobs over loopback: bbr paces a loopback connection at a
+        // bandwidth estimate that swings widely (docs/performance.md, change 21).
         ("TCP congestion control (the system's, for client and servers)".into(), read("/proc/sys/net/ipv4/tcp_congestion_control").trim().to_string()),
     ]
 }
