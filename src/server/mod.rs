@@ -114,9 +114,11 @@ fn set_congestion_control(listener: &TcpListener, name: &str) -> anyhow::Result<
         return Ok(());
     }
     let e = std::io::Error::last_os_error();
-    let available = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control").unwrap_or_default();
     let hint = match e.raw_os_error() {
-        Some(libc::ENOENT) => format!(" (this kernel has: {}; a module may add more, e.g. tcp_{name})", available.trim()),
+        Some(libc::ENOENT) => {
+            let available = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control").unwrap_or_default();
+            format!(" (this kernel has: {}; a module may add more, e.g. tcp_{name})", available.trim())
+        }
         Some(libc::EPERM) => " (not in net.ipv4.tcp_allowed_congestion_control, and nasd is not root)".to_string(),
         _ => String::new(),
     };
