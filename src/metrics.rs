@@ -49,6 +49,91 @@ pub struct Metrics {
     connections_total: AtomicU64,
     in_flight: AtomicI64,
     drc_hits: AtomicU64,
+    /// Shared with the server's busy poller, which counts into it.
+    pub busy_poll: std::sync::Arc<PollStats>,
+}
+
+/// What busy polling for clients' next requests did (`server::busy_poll`): how often it
+/// spun, how often the request arrived while it did, the time it spun (CPU spent), and
+/// why it did not spin. Tells an operator what `--busy-poll-us` buys and costs.
+#[derive(Default)]
+pub struct PollStats {
+    spins: AtomicU64,
+    caught: AtomicU64,
+    spin_ns: AtomicU64,
+    declined: [AtomicU64; PollDeclined::ALL.len()],
+}
+
+/// Why a connection waited for its next request without polling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PollDeclined {
+    /// The client's last pause was too long for a tight loop (or there was none yet).
+    ClientNotInTightLoop,
+    /// Every CPU had other work waiting: spinning would take one from it.
+    NoSpareCpu,
+    /// As many connections as allowed were polling already.
+    PollersBusy,
+}
+
+impl PollDeclined {
+    const ALL: [PollDeclined; 3] = [PollDeclined::ClientNotInTightLoop, PollDeclined::NoSpareCpu, PollDeclined::PollersBusy];
+
+    fn label(self) -> &'static str {
+        match self {
+            PollDeclined::ClientNotInTightLoop => "client_not_in_tight_loop",
+            PollDeclined::NoSpareCpu => "no_spare_cpu",
+            PollDeclined::PollersBusy => "pollers_busy",
+        }
+    }
+}
+
+impl PollStats {
+    /// One spin, `spun` long, that saw the next request arrive (`caught`) or gave up.
+    pub fn spun(&self, caught: bool, spun: Duration) {
+        self.spins.fetch_add(1, Ordering::Relaxed);
+        if caught {
+            self.caught.fetch_add(1, Ordering::Relaxed);
+        }
+        self.spin_ns.fetch_add(u64::try_from(spun.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    pub fn declined(&self, why: PollDeclined) {
+        self.declined[why as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn spins(&self) -> u64 {
+        self.spins.load(Ordering::Relaxed)
+    }
+
+    pub fn caught(&self) -> u64 {
+        self.caught.load(Ordering::Relaxed)
+    }
+
+    pub fn declined_for(&self, why: PollDeclined) -> u64 {
+        self.declined[why as usize].load(Ordering::Relaxed)
+    }
+
+    #[cfg(test)]
+    pub fn render(&self) -> String {
+        let mut o = String::new();
+        let _ = self.render_into(&mut o);
+        o
+    }
+
+    fn render_into(&self, o: &mut String) -> std::fmt::Result {
+        writeln!(o, "# HELP nasd_busy_poll_spins_total Spins on a connection for its client's next request instead of sleeping (--busy-poll-us).")?;
+        writeln!(o, "# TYPE nasd_busy_poll_spins_total counter\nnasd_busy_poll_spins_total {}", self.spins())?;
+        writeln!(o, "# HELP nasd_busy_poll_caught_total Spins during which the next request arrived: each saved a wake-up.")?;
+        writeln!(o, "# TYPE nasd_busy_poll_caught_total counter\nnasd_busy_poll_caught_total {}", self.caught())?;
+        writeln!(o, "# HELP nasd_busy_poll_seconds_total Time spent spinning: CPU time busy polling cost.")?;
+        writeln!(o, "# TYPE nasd_busy_poll_seconds_total counter\nnasd_busy_poll_seconds_total {}", self.spin_ns.load(Ordering::Relaxed) as f64 / 1e9)?;
+        writeln!(o, "# HELP nasd_busy_poll_declined_total Waits for a next request that did not spin, by reason.")?;
+        writeln!(o, "# TYPE nasd_busy_poll_declined_total counter")?;
+        for why in PollDeclined::ALL {
+            writeln!(o, "nasd_busy_poll_declined_total{{reason=\"{}\"}} {}", why.label(), self.declined_for(why))?;
+        }
+        Ok(())
+    }
 }
 
 impl Metrics {
@@ -204,7 +289,7 @@ impl Metrics {
         for (name, kind, help, v) in gauges {
             writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}")?;
         }
-        Ok(())
+        self.busy_poll.render_into(o)
     }
 }
 
@@ -263,6 +348,19 @@ mod tests {
         assert!(text.contains("nasd_write_requests_total{stable=\"unstable\"} 1"), "{text}");
         assert!(text.contains("nasd_write_requests_total{stable=\"data_sync\"} 0"), "{text}");
         assert!(text.contains("nasd_write_requests_total{stable=\"file_sync\"} 2"), "{text}");
+        m.busy_poll.spun(true, Duration::from_micros(30));
+        m.busy_poll.spun(false, Duration::from_micros(50));
+        m.busy_poll.declined(PollDeclined::NoSpareCpu);
+        let text = m.render();
+        for line in [
+            "nasd_busy_poll_spins_total 2",
+            "nasd_busy_poll_caught_total 1",
+            "nasd_busy_poll_seconds_total 0.00008",
+            "nasd_busy_poll_declined_total{reason=\"no_spare_cpu\"} 1",
+            "nasd_busy_poll_declined_total{reason=\"pollers_busy\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
+        }
         let peak: i64 = text.lines().find_map(|l| l.strip_prefix("nasd_peak_resident_memory_bytes ")).expect("peak RSS").parse().unwrap();
         assert!(peak > 0 && peak >= resident_bytes() / 2, "peak {peak}");
     }

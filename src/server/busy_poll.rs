@@ -10,20 +10,21 @@
 //! otherwise idle, and takes the CPU from whoever waits for it, clients on the same
 //! machine included.
 
+use crate::metrics::{PollDeclined, PollStats};
 use std::fs::File;
 use std::os::fd::RawFd;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub struct BusyPoll {
     window: Duration,
     /// Longest poll through a running call ([`MAX_POLL_THROUGH_CALL`]; tests set it).
     through_call: Duration,
-    /// Spins begun, for the tests: whether a call polled does not depend on a clock.
-    spins: AtomicU64,
-    /// Spins that saw the next request arrive.
-    caught: AtomicU64,
+    /// What the polling did, for the metrics (and the tests: whether a call polled does
+    /// not depend on a clock).
+    stats: Arc<PollStats>,
     pollers: AtomicUsize,
     max_pollers: usize,
     cpu: SpareCpu,
@@ -34,13 +35,14 @@ pub struct BusyPoll {
 const TIGHT_LOOP_FACTOR: u32 = 4;
 
 impl BusyPoll {
-    pub fn new(window: Duration) -> Self {
+    /// Polls for at most `window`, counting what it does into `stats`.
+    pub fn new(window: Duration, stats: Arc<PollStats>) -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Self::with_gauge(window, SpareCpu::new(File::open("/proc/loadavg").ok(), cores))
+        Self::with_gauge(window, SpareCpu::new(File::open("/proc/loadavg").ok(), cores), stats)
     }
 
-    fn with_gauge(window: Duration, cpu: SpareCpu) -> Self {
-        Self { window, through_call: MAX_POLL_THROUGH_CALL, spins: AtomicU64::new(0), caught: AtomicU64::new(0), pollers: AtomicUsize::new(0), max_pollers: (cpu.cores / 2).max(1), cpu }
+    fn with_gauge(window: Duration, cpu: SpareCpu, stats: Arc<PollStats>) -> Self {
+        Self { window, through_call: MAX_POLL_THROUGH_CALL, stats, pollers: AtomicUsize::new(0), max_pollers: (cpu.cores / 2).max(1), cpu }
     }
 
     /// Spins until `fd` has data to read (or reached end of stream), for at most the
@@ -57,15 +59,23 @@ impl BusyPoll {
     /// on a blocking thread (a sync, typically), and the client's next request would have
     /// to wake it.
     pub fn poll_readable_after(&self, fd: RawFd, last_wait: Option<Duration>, running: impl Fn() -> bool) -> bool {
-        let tight = last_wait.is_some_and(|w| w <= self.window * TIGHT_LOOP_FACTOR);
-        if self.window.is_zero() || !tight || !self.cpu.has_spare() {
+        if self.window.is_zero() {
             return false;
         }
-        if self.pollers.fetch_add(1, Ordering::AcqRel) >= self.max_pollers {
+        let declined = if !last_wait.is_some_and(|w| w <= self.window * TIGHT_LOOP_FACTOR) {
+            Some(PollDeclined::ClientNotInTightLoop)
+        } else if !self.cpu.has_spare() {
+            Some(PollDeclined::NoSpareCpu)
+        } else if self.pollers.fetch_add(1, Ordering::AcqRel) >= self.max_pollers {
             self.pollers.fetch_sub(1, Ordering::AcqRel);
+            Some(PollDeclined::PollersBusy)
+        } else {
+            None
+        };
+        if let Some(why) = declined {
+            self.stats.declined(why);
             return false;
         }
-        self.spins.fetch_add(1, Ordering::Relaxed);
         let start = Instant::now();
         // When the window began: once no call of the client's runs.
         let mut window_start = None;
@@ -85,23 +95,20 @@ impl BusyPoll {
             std::hint::spin_loop();
         };
         self.pollers.fetch_sub(1, Ordering::AcqRel);
-        if arrived {
-            self.caught.fetch_add(1, Ordering::Relaxed);
-        }
+        self.stats.spun(arrived, start.elapsed());
         arrived
     }
 
-    /// How many requests arrived while their connection polled for them.
     #[cfg(test)]
-    pub fn caught(&self) -> u64 {
-        self.caught.load(Ordering::Relaxed)
+    pub fn stats(&self) -> &PollStats {
+        &self.stats
     }
 
     /// A poller that finds a CPU to spare on a machine of two cores, whatever the load
     /// (tests of the transport, whose outcome must not depend on other tests' threads).
     #[cfg(test)]
     pub fn always_spare(window: Duration, through_call: Duration) -> Self {
-        let mut poll = Self::with_gauge(window, SpareCpu::new(None, 2));
+        let mut poll = Self::with_gauge(window, SpareCpu::new(None, 2), Arc::default());
         poll.through_call = through_call;
         poll
     }
@@ -210,37 +217,62 @@ mod tests {
         let (mut client, server) = pair();
         // A gauge that always finds a spare CPU: other tests may keep this machine's
         // CPUs busy, and the rules tested here must not depend on that.
-        let poll = BusyPoll::with_gauge(Duration::from_millis(20), SpareCpu::new(None, 1));
+        let poll = BusyPoll::with_gauge(Duration::from_millis(20), SpareCpu::new(None, 1), Arc::default());
         let fd = server.as_raw_fd();
         // No history, or a long previous wait: no polling at all, however long data takes.
         assert!(!poll.poll_readable(fd, None));
         assert!(!poll.poll_readable(fd, Some(Duration::from_secs(1))));
-        assert_eq!(poll.spins.load(Ordering::Relaxed), 0, "polled a connection that is not in a tight loop");
+        assert_eq!(poll.stats.spins(), 0, "polled a connection that is not in a tight loop");
+        assert_eq!(poll.stats.declined_for(PollDeclined::ClientNotInTightLoop), 2);
         // A tight loop polls for the window when nothing comes...
         let t = Instant::now();
         assert!(!poll.poll_readable(fd, Some(Duration::from_micros(10))));
         assert!(t.elapsed() >= Duration::from_millis(20));
+        assert_eq!((poll.stats.spins(), poll.stats.caught()), (1, 0));
+        let spun = poll.stats.render();
+        let seconds: f64 = spun.lines().find_map(|l| l.strip_prefix("nasd_busy_poll_seconds_total ")).unwrap().parse().unwrap();
+        assert!((0.02..10.0).contains(&seconds), "a 20 ms spin counted as {seconds} s:\n{spun}");
         // ...and returns as soon as the next request arrives (a window long enough that a
         // sender held up on a loaded machine still writes within it).
-        let patient = BusyPoll::with_gauge(Duration::from_secs(30), SpareCpu::new(None, 1));
+        let patient = BusyPoll::with_gauge(Duration::from_secs(30), SpareCpu::new(None, 1), Arc::default());
         let sender = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(5));
             client.write_all(b"x").unwrap();
             client
         });
         assert!(patient.poll_readable(fd, Some(Duration::from_micros(10))));
+        assert_eq!((patient.stats.spins(), patient.stats.caught()), (1, 1));
         drop(sender.join().unwrap());
         // End of stream counts as readable too, so the reader sees it at once.
         let (client, server) = pair();
         drop(client);
         assert!(poll.poll_readable(server.as_raw_fd(), Some(Duration::ZERO)));
+        assert_eq!((poll.stats.spins(), poll.stats.caught()), (2, 1));
+    }
+
+    #[test]
+    fn at_most_one_connection_in_two_cores_polls_at_once() {
+        let (_client, server) = pair();
+        let poll = Arc::new(BusyPoll::with_gauge(Duration::from_millis(300), SpareCpu::new(None, 2), Arc::default()));
+        let fd = server.as_raw_fd();
+        let first = std::thread::spawn({
+            let poll = poll.clone();
+            move || poll.poll_readable(fd, Some(Duration::ZERO))
+        });
+        while poll.pollers.load(Ordering::Acquire) == 0 {
+            std::thread::yield_now();
+        }
+        assert!(!poll.poll_readable(fd, Some(Duration::ZERO)));
+        assert_eq!(poll.stats.declined_for(PollDeclined::PollersBusy), 1);
+        assert!(!first.join().unwrap());
+        assert_eq!(poll.stats.spins(), 1);
     }
 
     #[test]
     fn polls_through_a_running_call_and_then_for_the_window() {
         let (mut client, server) = pair();
         let fd = server.as_raw_fd();
-        let mut poll = BusyPoll::with_gauge(Duration::from_millis(20), SpareCpu::new(None, 2));
+        let mut poll = BusyPoll::with_gauge(Duration::from_millis(20), SpareCpu::new(None, 2), Arc::default());
         poll.through_call = Duration::from_millis(200);
         // The call runs for 30 ms, longer than the window, and the request follows its
         // reply after 5 ms: caught, as the window starts when the call ends.
@@ -269,9 +301,9 @@ mod tests {
         assert!(took >= Duration::from_millis(220) && took < Duration::from_secs(10), "stopped after {took:?}");
         // A client that is not in a tight loop is not polled for, running call or not.
         assert!(!poll.poll_readable_after(fd, Some(Duration::from_secs(1)), || true));
-        assert_eq!(poll.spins.load(Ordering::Relaxed), 3);
+        assert_eq!(poll.stats.spins(), 3);
         // On one core the call needs the CPU: only the window is polled.
-        let mut single = BusyPoll::with_gauge(Duration::from_millis(20), SpareCpu::new(None, 1));
+        let mut single = BusyPoll::with_gauge(Duration::from_millis(20), SpareCpu::new(None, 1), Arc::default());
         single.through_call = Duration::from_secs(2);
         let started = Instant::now();
         assert!(!single.poll_readable_after(fd, Some(Duration::from_micros(10)), || true));
@@ -282,7 +314,7 @@ mod tests {
     #[test]
     fn zero_window_never_polls() {
         let (_client, server) = pair();
-        let poll = BusyPoll::new(Duration::ZERO);
+        let poll = BusyPoll::new(Duration::ZERO, Arc::default());
         assert!(!poll.poll_readable(server.as_raw_fd(), Some(Duration::ZERO)));
     }
 
@@ -336,7 +368,7 @@ mod tests {
                 })
             })
             .collect();
-        let poll = BusyPoll::new(Duration::from_millis(20));
+        let poll = BusyPoll::new(Duration::from_millis(20), Arc::default());
         assert!(poll.cpu.loadavg.is_some(), "/proc/loadavg is unreadable");
         // The gauge samples once a millisecond; give it time to see the spinners.
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -350,6 +382,7 @@ mod tests {
             s.join().unwrap();
         }
         assert!(!arrived);
-        assert_eq!(poll.spins.load(Ordering::Relaxed), 0, "polled with {} spinning threads on {cores} cores", cores + 1);
+        assert_eq!(poll.stats.spins(), 0, "polled with {} spinning threads on {cores} cores", cores + 1);
+        assert_eq!(poll.stats.declined_for(PollDeclined::NoSpareCpu), 1);
     }
 }

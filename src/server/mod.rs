@@ -215,6 +215,7 @@ impl Server {
             Arc::new(Mount3::new(state.clone())),
             Arc::new(Portmap::new(state.nfs_port.clone(), pmap_port)),
         ];
+        let busy_poll = BusyPoll::new(std::time::Duration::from_micros(config.busy_poll_us), metrics.busy_poll.clone());
         let shared = Arc::new(Shared {
             dispatcher: Dispatcher::new(programs, config.limits.drc_entries, metrics.clone())
                 .with_drc_journal(&state_dir.join(DRC_JOURNAL), || {
@@ -225,7 +226,7 @@ impl Server {
             limits: config.limits.clone(),
             record_limits: RecordLimits { max_record: config.limits.max_record_bytes, max_fragments: 1024 },
             global_requests: Arc::new(Semaphore::new(config.limits.max_requests_in_flight)),
-            busy_poll: BusyPoll::new(std::time::Duration::from_micros(config.busy_poll_us)),
+            busy_poll,
             record_pool: RecordPool::new(RECORD_BUFFERS_KEPT),
             state: state.clone(),
             stalls: Stalls::new(std::time::Duration::from_secs(config.limits.stall_timeout_secs)),

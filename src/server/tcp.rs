@@ -1042,7 +1042,7 @@ mod tests {
 
     /// A server's shared state with `program` alone and `limits`.
     fn shared_with(program: Arc<dyn crate::rpc::RpcProgram>, limits: crate::server::config::Limits) -> Arc<Shared> {
-        shared_polling(program, limits, crate::server::busy_poll::BusyPoll::new(Duration::ZERO))
+        shared_polling(program, limits, crate::server::busy_poll::BusyPoll::new(Duration::ZERO, Arc::default()))
     }
 
     /// As [`shared_with`], polling for requests with `busy_poll`.
@@ -1197,7 +1197,7 @@ mod tests {
         // The first call has no history and the second follows a first wait that the
         // server spent asleep; of the other four, a client held up past the window by a
         // loaded machine may miss one or two.
-        let caught = shared.busy_poll.caught();
+        let caught = shared.busy_poll.stats().caught();
         assert!(caught >= 2, "{caught} of the last {} requests were caught while polling", CALLS - 2);
     }
 

@@ -156,6 +156,33 @@ def _value(text: str, name: str, labels: str = "", missing_is_zero: bool = False
     return float(m.group(1))
 
 
+def test_busy_poll_metrics_count_every_wait_of_a_tight_loop_client(tmp_path):
+    """Each wait for a tight-loop client's next request either spins or says why not;
+    spins that saw the request are counted, and so is the time spent spinning."""
+    export = make_export(tmp_path)
+    mport = free_port()
+    calls = 200
+    # The longest window, 1 ms: a Python client's pause between calls is well inside it.
+    with Nasd(export, args=["--no-root-squash", "--metrics", f"127.0.0.1:{mport}", "--busy-poll-us", "1000"]) as n:
+        with Nfs3Client(n.host, n.port, cred=ROOT) as c:
+            root = c.root(n.export_dir)
+            for _ in range(calls):
+                assert c.getattr(root).ok
+        text = _metrics(mport)
+    spins = _value(text, "nasd_busy_poll_spins_total")
+    caught = _value(text, "nasd_busy_poll_caught_total")
+    declined = {why: _value(text, "nasd_busy_poll_declined_total", f'reason="{why}"')
+                for why in ("client_not_in_tight_loop", "no_spare_cpu", "pollers_busy")}
+    assert spins + sum(declined.values()) >= calls, (spins, declined)
+    # Only the first wait of the connection has no pause to judge it by (a machine so
+    # loaded that every CPU is wanted is the other reason not to spin).
+    assert declined["client_not_in_tight_loop"] < calls // 2, declined
+    assert caught <= spins
+    if declined["no_spare_cpu"] < calls // 2:
+        assert caught >= spins // 2 > 0, (spins, caught, declined)
+        assert _value(text, "nasd_busy_poll_seconds_total") > 0
+
+
 def test_metrics_count_calls_and_drc_hits(tmp_path):
     export = make_export(tmp_path)
     mport = free_port()
