@@ -21,6 +21,7 @@ pub struct Snapshot {
     /// WRITE calls by the stability the client asked for ("unstable", "data_sync",
     /// "file_sync").
     pub writes_by_stability: BTreeMap<String, f64>,
+    pub busy_poll: BusyPollFigures,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -54,6 +55,19 @@ pub struct ServerFigures {
     /// WRITE calls of the job by the stability the client asked for.
     #[serde(default)]
     pub writes_by_stability: BTreeMap<String, u64>,
+    /// What busy polling did during the job: the share of nasd's CPU that was waiting.
+    #[serde(default)]
+    pub busy_poll: BusyPollFigures,
+}
+
+/// Busy polling's counters (nasd_busy_poll_*), or their change over a job.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct BusyPollFigures {
+    /// Waits for a next request that spun, and those during which it arrived.
+    pub spins: f64,
+    pub caught: f64,
+    /// Time spent spinning.
+    pub seconds: f64,
 }
 
 pub fn scrape(addr: SocketAddr) -> Result<Snapshot> {
@@ -106,6 +120,9 @@ pub fn parse(text: &str) -> Snapshot {
             "nasd_rpc_errors_total" => s.errors += v,
             "nasd_resident_memory_bytes" => s.resident_bytes = v,
             "nasd_peak_resident_memory_bytes" => s.peak_resident_bytes = v,
+            "nasd_busy_poll_spins_total" => s.busy_poll.spins = v,
+            "nasd_busy_poll_caught_total" => s.busy_poll.caught = v,
+            "nasd_busy_poll_seconds_total" => s.busy_poll.seconds = v,
             "nasd_write_requests_total" => {
                 if let Some(stable) = lab.get("stable") {
                     s.writes_by_stability.insert(stable.clone(), v);
@@ -175,6 +192,11 @@ pub fn diff(before: &Snapshot, after: &Snapshot) -> ServerFigures {
             .map(|(stable, a)| (stable.clone(), (a - before.writes_by_stability.get(stable).copied().unwrap_or(0.0)).max(0.0) as u64))
             .filter(|&(_, n)| n > 0)
             .collect(),
+        busy_poll: BusyPollFigures {
+            spins: (after.busy_poll.spins - before.busy_poll.spins).max(0.0),
+            caught: (after.busy_poll.caught - before.busy_poll.caught).max(0.0),
+            seconds: (after.busy_poll.seconds - before.busy_poll.seconds).max(0.0),
+        },
     }
 }
 
@@ -191,12 +213,18 @@ mod tests {
              nasd_rpc_latency_seconds_bucket{{program=\"nfs3\",procedure=\"READ\",le=\"+Inf\"}} {}\n\
              nasd_rpc_latency_seconds_sum{{program=\"nfs3\",procedure=\"READ\"}} {}\n\
              nasd_rpc_latency_seconds_count{{program=\"nfs3\",procedure=\"READ\"}} {}\n\
-             nasd_read_bytes_total {}\n",
+             nasd_read_bytes_total {}\n\
+             nasd_busy_poll_spins_total {}\n\
+             nasd_busy_poll_caught_total {}\n\
+             nasd_busy_poll_seconds_total {}\n",
             n + extra,
             n + extra,
             (n + extra) as f64 * 0.0002,
             n + extra,
-            (n + extra) * 4096
+            (n + extra) * 4096,
+            n + extra,
+            n + extra / 2,
+            (n + extra) as f64 * 0.00005
         )
     }
 
@@ -213,6 +241,8 @@ mod tests {
         // all 100 new calls fell in (100us, 1ms]
         assert!(p.p50_us > 100.0 && p.p50_us <= 1000.0, "{}", p.p50_us);
         assert_eq!(d.read_bytes, 409600);
+        assert_eq!((d.busy_poll.spins, d.busy_poll.caught), (100.0, 50.0));
+        assert!((d.busy_poll.seconds - 0.005).abs() < 1e-9, "{}", d.busy_poll.seconds);
     }
 
     #[test]

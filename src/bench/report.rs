@@ -200,7 +200,18 @@ fn meta_table(r: &Results, suite: &str) -> Option<Block> {
 }
 
 fn server_table(r: &Results, suite: &str) -> Option<Block> {
-    let header = ["job", "client mean (µs)", "server procedure", "calls", "server mean (µs)", "server p50 (µs)", "server p99 (µs)", "server errors", "nasd RSS / peak (MiB)"]
+    let header = [
+        "job",
+        "client mean (µs)",
+        "server procedure",
+        "calls",
+        "server mean (µs)",
+        "server p50 (µs)",
+        "server p99 (µs)",
+        "server errors",
+        "nasd RSS / peak (MiB)",
+        "busy poll: caught / spins, s spun",
+    ]
         .iter()
         .map(|s| s.to_string())
         .collect();
@@ -226,6 +237,11 @@ fn server_table(r: &Results, suite: &str) -> Option<Block> {
                     format!("{:.0} / {:.0}", s.resident_bytes as f64 / 1048576.0, s.peak_resident_bytes as f64 / 1048576.0)
                 } else {
                     String::new()
+                },
+                match (k, s.busy_poll) {
+                    (0, bp) if bp.spins > 0.0 => format!("{:.0} / {:.0}, {:.2} s", bp.caught, bp.spins, bp.seconds),
+                    (0, _) => "-".into(),
+                    _ => String::new(),
                 },
             ]);
         }
@@ -408,14 +424,20 @@ pub fn blocks(r: &Results, old: Option<&Results>, plots: &[(String, String)]) ->
                  all cores, bounds the figure whatever the server does. Kernel work outside both processes (writeback threads, softirqs on \
                  other cores) is in neither; `-`: the bench did not start that server (external, or the local disk's kernel). nasd's \
                  figure includes its busy polling: after a reply to a client that calls in a tight loop it spins up to `--busy-poll-us` \
-                 (50 µs) for the next call, so where calls come one at a time (metadata jobs, iodepth 1) most of its CPU is that wait."
+                 (50 µs) for the next call, so where calls come one at a time (metadata jobs, iodepth 1) most of its CPU is that wait \
+                 (the time spun is in the server-side table below, with how many of its spins the next call ended)."
                     .into(),
             ));
             b.push(t);
         }
         if let Some(t) = server_table(r, &suite) {
             b.push(Block::Heading(3, "nasd server side (from /metrics, scraped before and after each job)".into()));
-            b.push(Block::Para("Server latency is from a complete request to its reply being queued; p50/p99 are interpolated from the histogram buckets.".into()));
+            b.push(Block::Para(
+                "Server latency is from a complete request to its reply being queued; p50/p99 are interpolated from the histogram buckets. \
+                 Busy poll: of the waits for a client's next call that spun, those the call ended (each a wake-up saved), and the \
+                 seconds spent spinning during the job."
+                    .into(),
+            ));
             b.push(t);
             let peak = r
                 .jobs
@@ -731,6 +753,26 @@ mod tests {
         assert_eq!(name(&r), "4k randread qd1");
         r.jobs[0].runs[0].error = Some("sent UNSTABLE WRITEs".into());
         assert_eq!(name(&r), "4k randread qd1 (failed run)");
+    }
+
+    #[test]
+    fn the_server_table_gives_what_busy_polling_caught_and_cost() {
+        use super::super::metrics::{BusyPollFigures, ProcFigures, ServerFigures};
+        let mut r = results();
+        let procs = vec![ProcFigures { procedure: "READ".into(), calls: 10, ..Default::default() }, ProcFigures { procedure: "GETATTR".into(), calls: 2, ..Default::default() }];
+        let busy_poll = BusyPollFigures { spins: 9.0, caught: 8.0, seconds: 0.25 };
+        r.jobs[0].runs[0].server = Some(ServerFigures { procs: procs.clone(), busy_poll, ..Default::default() });
+        let rows = |r: &Results| match server_table(r, "smoke") {
+            Some(Block::Table { header, rows }) => {
+                assert_eq!(header.last().unwrap(), "busy poll: caught / spins, s spun");
+                rows.iter().map(|row| row.last().unwrap().clone()).collect::<Vec<_>>()
+            }
+            _ => panic!("a table"),
+        };
+        // On the job's first line only.
+        assert_eq!(rows(&r), ["8 / 9, 0.25 s", ""]);
+        r.jobs[0].runs[0].server = Some(ServerFigures { procs, ..Default::default() });
+        assert_eq!(rows(&r), ["-", ""]);
     }
 
     #[test]
