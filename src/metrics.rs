@@ -113,11 +113,9 @@ impl PollStats {
         self.declined[why as usize].load(Ordering::Relaxed)
     }
 
-    #[cfg(test)]
-    pub fn render(&self) -> String {
-        let mut o = String::new();
-        let _ = self.render_into(&mut o);
-        o
+    /// Time spent spinning, in seconds.
+    pub fn seconds(&self) -> f64 {
+        self.spin_ns.load(Ordering::Relaxed) as f64 / 1e9
     }
 
     fn render_into(&self, o: &mut String) -> std::fmt::Result {
@@ -126,7 +124,7 @@ impl PollStats {
         writeln!(o, "# HELP nasd_busy_poll_caught_total Spins during which the next request arrived: each saved a wake-up.")?;
         writeln!(o, "# TYPE nasd_busy_poll_caught_total counter\nnasd_busy_poll_caught_total {}", self.caught())?;
         writeln!(o, "# HELP nasd_busy_poll_seconds_total Time spent spinning: CPU time busy polling cost.")?;
-        writeln!(o, "# TYPE nasd_busy_poll_seconds_total counter\nnasd_busy_poll_seconds_total {}", self.spin_ns.load(Ordering::Relaxed) as f64 / 1e9)?;
+        writeln!(o, "# TYPE nasd_busy_poll_seconds_total counter\nnasd_busy_poll_seconds_total {}", self.seconds())?;
         writeln!(o, "# HELP nasd_busy_poll_declined_total Waits for a next request that did not spin, by reason.")?;
         writeln!(o, "# TYPE nasd_busy_poll_declined_total counter")?;
         for why in PollDeclined::ALL {

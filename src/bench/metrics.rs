@@ -70,6 +70,18 @@ pub struct BusyPollFigures {
     pub seconds: f64,
 }
 
+impl BusyPollFigures {
+    /// What the counters grew by since `earlier` (never below zero: a restarted server's
+    /// counters begin again).
+    fn since(&self, earlier: &Self) -> Self {
+        Self {
+            spins: (self.spins - earlier.spins).max(0.0),
+            caught: (self.caught - earlier.caught).max(0.0),
+            seconds: (self.seconds - earlier.seconds).max(0.0),
+        }
+    }
+}
+
 pub fn scrape(addr: SocketAddr) -> Result<Snapshot> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).with_context(|| format!("metrics at {addr}"))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
@@ -192,11 +204,7 @@ pub fn diff(before: &Snapshot, after: &Snapshot) -> ServerFigures {
             .map(|(stable, a)| (stable.clone(), (a - before.writes_by_stability.get(stable).copied().unwrap_or(0.0)).max(0.0) as u64))
             .filter(|&(_, n)| n > 0)
             .collect(),
-        busy_poll: BusyPollFigures {
-            spins: (after.busy_poll.spins - before.busy_poll.spins).max(0.0),
-            caught: (after.busy_poll.caught - before.busy_poll.caught).max(0.0),
-            seconds: (after.busy_poll.seconds - before.busy_poll.seconds).max(0.0),
-        },
+        busy_poll: after.busy_poll.since(&before.busy_poll),
     }
 }
 
