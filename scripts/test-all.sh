@@ -6,6 +6,13 @@ cd "$(dirname "$0")/.."
 
 bash scripts/install-deps.sh
 
+echo "== format (rustfmt.toml)"
+if cargo fmt --version >/dev/null 2>&1; then
+  cargo fmt --check && (cd fuzz && cargo fmt --check)
+else
+  echo "skipped: this toolchain has no rustfmt (cargo fmt), so the format cannot be checked"
+fi
+
 echo "== build"
 cargo build --release --locked
 

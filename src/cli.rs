@@ -249,11 +249,7 @@ fn single_dir_exports(dir: &std::path::Path, args: &ServeArgs) -> anyhow::Result
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logging(&args.log);
     let config = build_config(&args)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .max_blocking_threads(64)
-        .thread_name("nasd")
-        .build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().max_blocking_threads(64).thread_name("nasd").build()?;
     // With an exports file, SIGHUP reads it again. Caught before the file is first read
     // and the exports open, which can take a while: a SIGHUP meanwhile (a reload right
     // after a start) must not take its default action, ending nasd. Serving a directory

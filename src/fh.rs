@@ -148,10 +148,7 @@ pub(crate) fn private_dir(dir: &Path) -> anyhow::Result<()> {
                     .create(parent)
                     .with_context(|| format!("creating {}, the state directory's parent", parent.display()))?;
             }
-            std::fs::DirBuilder::new()
-                .mode(0o700)
-                .create(dir)
-                .with_context(|| format!("creating state directory {}", dir.display()))
+            std::fs::DirBuilder::new().mode(0o700).create(dir).with_context(|| format!("creating state directory {}", dir.display()))
         }
         Err(e) => Err(e).with_context(|| format!("state directory {}", dir.display())),
         Ok(meta) => {
@@ -192,7 +189,10 @@ pub(crate) fn open_private_file(path: &Path) -> std::io::Result<std::fs::File> {
 /// then made durable too, so that a crash leaves the old file or the new one whole. The
 /// name needs the file system synced (`syncfs`) where it keeps no journal: there the
 /// directory's `fsync` does not cover a rename.
-pub(crate) fn replace_private_file(path: &Path, fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>) -> std::io::Result<std::fs::File> {
+pub(crate) fn replace_private_file(
+    path: &Path,
+    fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
+) -> std::io::Result<std::fs::File> {
     let mut name = path.as_os_str().to_owned();
     name.push(".new");
     let new = std::path::PathBuf::from(name);

@@ -12,8 +12,8 @@ use std::time::Duration;
 /// so the finest buckets are there: percentiles interpolated within a first bucket of
 /// 25 µs said nothing about them.
 const BUCKETS_US: [u64; 22] = [
-    1, 2, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000, 5_000_000,
-    10_000_000,
+    1, 2, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000,
+    5_000_000, 10_000_000,
 ];
 /// Procedure numbers tracked per program.
 const MAX_PROCS: usize = 32;
@@ -119,7 +119,10 @@ impl PollStats {
     }
 
     fn render_into(&self, o: &mut String) -> std::fmt::Result {
-        writeln!(o, "# HELP nasd_busy_poll_spins_total Spins on a connection for its client's next request instead of sleeping (--busy-poll-us).")?;
+        writeln!(
+            o,
+            "# HELP nasd_busy_poll_spins_total Spins on a connection for its client's next request instead of sleeping (--busy-poll-us)."
+        )?;
         writeln!(o, "# TYPE nasd_busy_poll_spins_total counter\nnasd_busy_poll_spins_total {}", self.spins())?;
         writeln!(o, "# HELP nasd_busy_poll_caught_total Spins during which the next request arrived: each saved a wake-up.")?;
         writeln!(o, "# TYPE nasd_busy_poll_caught_total counter\nnasd_busy_poll_caught_total {}", self.caught())?;
@@ -280,7 +283,12 @@ impl Metrics {
             ("nasd_connections", "gauge", "Open client connections.", self.connections.load(Ordering::Relaxed)),
             ("nasd_connections_total", "counter", "Client connections accepted.", self.connections_total.load(Ordering::Relaxed) as i64),
             ("nasd_requests_in_flight", "gauge", "Requests being processed or waiting to be sent.", self.in_flight.load(Ordering::Relaxed)),
-            ("nasd_drc_hits_total", "counter", "Retransmitted calls answered from the duplicate request cache.", self.drc_hits.load(Ordering::Relaxed) as i64),
+            (
+                "nasd_drc_hits_total",
+                "counter",
+                "Retransmitted calls answered from the duplicate request cache.",
+                self.drc_hits.load(Ordering::Relaxed) as i64,
+            ),
             ("nasd_resident_memory_bytes", "gauge", "Resident set size of the server.", resident_bytes()),
             ("nasd_peak_resident_memory_bytes", "gauge", "Highest resident set size since the server started.", peak_resident_bytes()),
         ];

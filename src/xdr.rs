@@ -284,7 +284,13 @@ mod tests {
         let mut w = XdrWriter::new();
         assert_eq!(w.opaque_with::<()>(2, |buf| Ok(buf.extend_from_slice(b"xyz"))).unwrap(), 2);
         assert_eq!(w.len(), 8);
-        assert_eq!(w.opaque_with(8, |buf| { buf.push(1); Err(()) }), Err(()));
+        assert_eq!(
+            w.opaque_with(8, |buf| {
+                buf.push(1);
+                Err(())
+            }),
+            Err(())
+        );
         assert_eq!(w.len(), 8);
     }
 }

@@ -53,9 +53,8 @@ impl Rng {
 
 fn seeds(target: &str) -> Vec<Vec<u8>> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds").join(target);
-    let mut v: Vec<Vec<u8>> = std::fs::read_dir(&dir)
-        .map(|d| d.filter_map(|e| std::fs::read(e.ok()?.path()).ok()).collect())
-        .unwrap_or_default();
+    let mut v: Vec<Vec<u8>> =
+        std::fs::read_dir(&dir).map(|d| d.filter_map(|e| std::fs::read(e.ok()?.path()).ok()).collect()).unwrap_or_default();
     v.sort();
     // A renamed or emptied seed directory would leave only random input, silently.
     assert!(!v.is_empty(), "no seeds for {target} in {}", dir.display());
@@ -165,10 +164,7 @@ fn rpc_record() {
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     run("rpc_record", 5, |d| {
         let Some((&sel, stream)) = d.split_first() else { return };
-        let limits = RecordLimits {
-            max_record: [8usize, 100, 4096, 1 << 20][(sel % 4) as usize],
-            max_fragments: 1 + (sel >> 2) as usize,
-        };
+        let limits = RecordLimits { max_record: [8usize, 100, 4096, 1 << 20][(sel % 4) as usize], max_fragments: 1 + (sel >> 2) as usize };
         rt.block_on(async {
             // Small and large read buffers: records then straddle buffered and direct reads.
             let mut r = tokio::io::BufReader::with_capacity([4usize, 64, 8192][sel as usize % 3], stream);

@@ -57,8 +57,15 @@ fn world() -> &'static World {
         let metrics = Arc::new(metrics);
         let mut exports = Vec::new();
         for export in table.exports {
-            let vfs = LocalFs::open(&LocalConfig { path: export.path.clone(), fsid: export.id as u64, sync: false, cache_capacity: 64, cache_idle: None, changes: ChangeCount::default() })
-                .expect("open export");
+            let vfs = LocalFs::open(&LocalConfig {
+                path: export.path.clone(),
+                fsid: export.id as u64,
+                sync: false,
+                cache_capacity: 64,
+                cache_idle: None,
+                changes: ChangeCount::default(),
+            })
+            .expect("open export");
             let root = vfs.root_identity();
             exports.push(ExportRuntime { export, vfs, root });
         }

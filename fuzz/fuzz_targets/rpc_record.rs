@@ -13,10 +13,8 @@ thread_local! {
 fuzz_target!(|data: &[u8]| {
     // First byte picks the limits; the rest is the stream.
     let Some((&sel, stream)) = data.split_first() else { return };
-    let limits = RecordLimits {
-        max_record: [0usize, 8, 100, 4096, 200_000][(sel & 7) as usize % 5],
-        max_fragments: 1 + (sel >> 3) as usize,
-    };
+    let limits =
+        RecordLimits { max_record: [0usize, 8, 100, 4096, 200_000][(sel & 7) as usize % 5], max_fragments: 1 + (sel >> 3) as usize };
     RT.with(|rt| {
         rt.borrow().block_on(async {
             // Small and large read buffers: records then straddle buffered and direct reads.

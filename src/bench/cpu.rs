@@ -110,10 +110,8 @@ mod tests {
         let thread_before = rusage_cpu(libc::RUSAGE_THREAD);
         // The "client": a child with a fixed amount of work (about 0.25 s of CPU here);
         // the "server": this process, busy for a while too.
-        let status = std::process::Command::new("sh")
-            .args(["-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done"])
-            .status()
-            .expect("run sh");
+        let status =
+            std::process::Command::new("sh").args(["-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done"]).status().expect("run sh");
         assert!(status.success());
         let mut x = 0u64;
         for i in 0..200_000_000u64 {

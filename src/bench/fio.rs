@@ -307,11 +307,7 @@ pub fn extract_json(text: &str) -> Result<serde_json::Value> {
         let kept: Vec<&str> = if attempt == 1 {
             lines.clone()
         } else {
-            lines
-                .iter()
-                .copied()
-                .filter(|l| l.is_empty() || l.starts_with([' ', '\t', '{', '}', '[', ']', '"']))
-                .collect()
+            lines.iter().copied().filter(|l| l.is_empty() || l.starts_with([' ', '\t', '{', '}', '[', ']', '"'])).collect()
         };
         if let Some(i) = kept.iter().position(|l| l.starts_with('{')) {
             let blob = kept[i..].join("\n");
@@ -655,7 +651,10 @@ Failed NFS operation(code:-14)
         let json = dir.path().join("report.json");
         std::fs::write(&json, SAMPLE).unwrap();
         let script = dir.path().join("fio");
-        crate::testing::write_executable(&script, &format!("#!/bin/sh\nhead -c 300000 /dev/zero | tr '\\0' ' '\ntouch \"$1\"\ncat {}\n", json.display()));
+        crate::testing::write_executable(
+            &script,
+            &format!("#!/bin/sh\nhead -c 300000 /dev/zero | tr '\\0' ' '\ntouch \"$1\"\ncat {}\n", json.display()),
+        );
         let markers: Vec<String> = (0..2).map(|i| dir.path().join(format!("past-output-{i}")).display().to_string()).collect();
         let running: Vec<Running> = markers.iter().map(|m| spawn(&script, &[m.clone()]).unwrap()).collect();
         let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -700,8 +699,34 @@ Failed NFS operation(code:-14)
 
     #[test]
     fn aggregate_adds_throughput_and_weights_latency() {
-        let a = FioResult { read: DirStats { ios: 100, iops: 10.0, bw_bytes: 1.0, lat_mean_us: 10.0, lat_p50_us: 10.0, lat_p99_us: 20.0, lat_p999_us: 30.0, runtime_ms: Some(1000), bins: vec![] }, ..Default::default() };
-        let b = FioResult { read: DirStats { ios: 300, iops: 30.0, bw_bytes: 3.0, lat_mean_us: 20.0, lat_p50_us: 20.0, lat_p99_us: 40.0, lat_p999_us: 50.0, runtime_ms: Some(1200), bins: vec![] }, ..Default::default() };
+        let a = FioResult {
+            read: DirStats {
+                ios: 100,
+                iops: 10.0,
+                bw_bytes: 1.0,
+                lat_mean_us: 10.0,
+                lat_p50_us: 10.0,
+                lat_p99_us: 20.0,
+                lat_p999_us: 30.0,
+                runtime_ms: Some(1000),
+                bins: vec![],
+            },
+            ..Default::default()
+        };
+        let b = FioResult {
+            read: DirStats {
+                ios: 300,
+                iops: 30.0,
+                bw_bytes: 3.0,
+                lat_mean_us: 20.0,
+                lat_p50_us: 20.0,
+                lat_p99_us: 40.0,
+                lat_p999_us: 50.0,
+                runtime_ms: Some(1200),
+                bins: vec![],
+            },
+            ..Default::default()
+        };
         let s = FioResult::aggregate(&[a, b]);
         assert_eq!(s.read.ios, 400);
         assert_eq!(s.iops(), 40.0);
@@ -716,11 +741,13 @@ Failed NFS operation(code:-14)
         // 1,000 reads (990 at 100 µs, 10 at 300 µs) and 250 writes at 2 ms: one I/O in
         // five is a write, so the 99th percentile of all of them is a write's time; the
         // weighted mean of the two directions' p99 would say 480 µs.
-        let dir = |bins: serde_json::Value, p99: u64| serde_json::json!({
-            "total_ios": bins.as_object().unwrap().values().map(|c| c.as_u64().unwrap()).sum::<u64>(),
-            "iops": 100.0, "bw_bytes": 409600.0, "runtime": 10000,
-            "clat_ns": { "mean": 1000.0, "percentile": { "50.000000": 100000, "99.000000": p99, "99.900000": p99 }, "bins": bins },
-        });
+        let dir = |bins: serde_json::Value, p99: u64| {
+            serde_json::json!({
+                "total_ios": bins.as_object().unwrap().values().map(|c| c.as_u64().unwrap()).sum::<u64>(),
+                "iops": 100.0, "bw_bytes": 409600.0, "runtime": 10000,
+                "clat_ns": { "mean": 1000.0, "percentile": { "50.000000": 100000, "99.000000": p99, "99.900000": p99 }, "bins": bins },
+            })
+        };
         let job = |read, write| serde_json::json!({ "error": 0, "read": read, "write": write });
         let read = dir(serde_json::json!({ "100000": 990, "300000": 10 }), 100000);
         let write = dir(serde_json::json!({ "2000000": 250 }), 2000000);
@@ -747,14 +774,27 @@ Failed NFS operation(code:-14)
 
     #[test]
     fn command_lines() {
-        let shape = FioShape { rw: "randrw".into(), bs: 16384, iodepth: 16, rwmixread: Some(75), size: 64 << 20, runtime: 5, ramp: 1, randrepeat0: true, sync: false, file: "bench.dat".into() };
+        let shape = FioShape {
+            rw: "randrw".into(),
+            bs: 16384,
+            iodepth: 16,
+            rwmixread: Some(75),
+            size: 64 << 20,
+            runtime: 5,
+            ramp: 1,
+            randrepeat0: true,
+            sync: false,
+            file: "bench.dat".into(),
+        };
         let a = command_line(&shape, "j", &Engine::Nfs { url: "nfs://127.0.0.1/x?nfsport=1&mountport=1&version=3".into() });
         let s = shell_join(&a);
         assert!(s.contains("--bs=16k --iodepth=16 --size=64m --rwmixread=75 --time_based=1 --runtime=5 --ramp_time=1 --status-interval=1 --randrepeat=0"), "{s}");
         assert!(s.contains("'--nfs_url=nfs://127.0.0.1/x?nfsport=1&mountport=1&version=3'"), "{s}");
         assert!(s.ends_with("--filename=bench.dat"), "{s}");
         let l = layout_command("f", 1 << 20, &Engine::Local { engine: "psync".into(), dir: "/d".into() });
-        assert!(l.contains(&"--bs=128k".to_string()) && l.contains(&"--direct=1".to_string()) && l.contains(&"--filename=/d/f".to_string()));
+        assert!(
+            l.contains(&"--bs=128k".to_string()) && l.contains(&"--direct=1".to_string()) && l.contains(&"--filename=/d/f".to_string())
+        );
     }
 
     #[test]

@@ -118,7 +118,9 @@ pub fn parse(text: &str) -> Snapshot {
             Some((n, rest)) => (n, labels(rest.trim_end_matches('}'))),
             None => (key, BTreeMap::new()),
         };
-        let proc_key = || format!("{} {}", lab.get("program").map(String::as_str).unwrap_or("?"), lab.get("procedure").map(String::as_str).unwrap_or("?"));
+        let proc_key = || {
+            format!("{} {}", lab.get("program").map(String::as_str).unwrap_or("?"), lab.get("procedure").map(String::as_str).unwrap_or("?"))
+        };
         match name {
             "nasd_rpc_latency_seconds_bucket" => {
                 let le = lab.get("le").map(String::as_str).unwrap_or("+Inf");
@@ -177,11 +179,8 @@ pub fn diff(before: &Snapshot, after: &Snapshot) -> ServerFigures {
         if calls <= 0.0 {
             continue;
         }
-        let buckets: Vec<(f64, f64)> = a
-            .buckets
-            .iter()
-            .map(|&(le, c)| (le, c - b.buckets.iter().find(|x| x.0 == le).map(|x| x.1).unwrap_or(0.0)))
-            .collect();
+        let buckets: Vec<(f64, f64)> =
+            a.buckets.iter().map(|&(le, c)| (le, c - b.buckets.iter().find(|x| x.0 == le).map(|x| x.1).unwrap_or(0.0))).collect();
         procs.push(ProcFigures {
             procedure: name.clone(),
             calls: calls as u64,

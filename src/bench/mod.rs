@@ -813,7 +813,9 @@ impl Runner {
             let (st, secs) = local::tree(&dir, op, &src.path)?;
             m.commands.push(match op {
                 MetaOp::Untar => format!("local std::fs: copy {} to {}", src.path.display(), dir.join("tree-untar").display()),
-                MetaOp::CopyTree => format!("local std::fs: copy {} to {}", dir.join("tree-untar").display(), dir.join("tree-copy").display()),
+                MetaOp::CopyTree => {
+                    format!("local std::fs: copy {} to {}", dir.join("tree-untar").display(), dir.join("tree-copy").display())
+                }
                 _ => format!("local std::fs: remove_dir_all {}", dir.join("tree-untar").display()),
             });
             let mut v = serde_json::to_value(st)?;
@@ -893,8 +895,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
     // the run at once, not after it, without its report.
     let old = match &args.compare {
         Some(d) => Some(
-            serde_json::from_str::<Results>(&std::fs::read_to_string(d.join("results.json")).with_context(|| format!("{}/results.json", d.display()))?)
-                .with_context(|| format!("parsing {}/results.json", d.display()))?,
+            serde_json::from_str::<Results>(
+                &std::fs::read_to_string(d.join("results.json")).with_context(|| format!("{}/results.json", d.display()))?,
+            )
+            .with_context(|| format!("parsing {}/results.json", d.display()))?,
         ),
         None => None,
     };
@@ -1043,7 +1047,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 let elapsed = t_jobs.elapsed().as_secs_f64();
                 let eta = if planned_done > 0.0 { (planned_total - planned_done) * elapsed / planned_done } else { planned_total };
                 let of = if reps > 1 { format!(" ({}/{reps})", rep + 1) } else { String::new() };
-                eprintln!("bench: [{}/{n}] {:<8} {:<40} elapsed {} ETA {}", i + 1, tgts[ti].name, format!("{}{of}", job.name), fmt_dur(elapsed), fmt_dur(eta));
+                eprintln!(
+                    "bench: [{}/{n}] {:<8} {:<40} elapsed {} ETA {}",
+                    i + 1,
+                    tgts[ti].name,
+                    format!("{}{of}", job.name),
+                    fmt_dur(elapsed),
+                    fmt_dur(eta)
+                );
                 per_job[at][ti].push(runner.run_job(&mut tgts[ti], job, i));
                 planned_done += job.planned_secs();
             }
@@ -1088,7 +1099,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let _ = std::fs::remove_dir_all(&work);
     }
     let failed: usize = results.jobs.iter().flat_map(|j| &j.runs).map(|m| m.failed_runs().len()).sum();
-    eprintln!("bench: done in {}; report in {}/report.md ({} failed runs)", fmt_dur(t_start.elapsed().as_secs_f64()), out.display(), failed);
+    eprintln!(
+        "bench: done in {}; report in {}/report.md ({} failed runs)",
+        fmt_dur(t_start.elapsed().as_secs_f64()),
+        out.display(),
+        failed
+    );
     Ok(())
 }
 
@@ -1132,7 +1148,14 @@ mod tests {
     }
 
     fn meta_job(op: MetaOp, files: u32) -> Job {
-        Job { suite: "metadata".into(), name: format!("{op:?}"), group: "metadata".into(), x: 0.0, metric: Metric::OpsPerSec, kind: JobKind::Meta { op, files, dirs: 1, clients: 1 } }
+        Job {
+            suite: "metadata".into(),
+            name: format!("{op:?}"),
+            group: "metadata".into(),
+            x: 0.0,
+            metric: Metric::OpsPerSec,
+            kind: JobKind::Meta { op, files, dirs: 1, clients: 1 },
+        }
     }
 
     #[test]
@@ -1201,13 +1224,28 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let calls = tmp.path().join("calls");
         let report = tmp.path().join("report.json");
-        std::fs::write(&report, r#"{"jobs": [{"error": 0, "read": {"iops": 100.0, "bw_bytes": 409600, "total_ios": 100, "runtime": 1000}, "write": {}}]}"#).unwrap();
+        std::fs::write(
+            &report,
+            r#"{"jobs": [{"error": 0, "read": {"iops": 100.0, "bw_bytes": 409600, "total_ios": 100, "runtime": 1000}, "write": {}}]}"#,
+        )
+        .unwrap();
         let fio = tmp.path().join("fio");
         crate::testing::write_executable(&fio, &format!("#!/bin/sh\necho run >> {}\ncat {}\n", calls.display(), report.display()));
         let mut r = runner(tmp.path(), fio);
         let mut t = Target::start(&TargetSpec::Local, &tmp.path().join("local"), 3, "psync").unwrap();
         t.metrics = Some(fake_metrics(calls.clone()));
-        let shape = fio::FioShape { rw: "randread".into(), bs: 4096, iodepth: 1, rwmixread: None, size: 1 << 20, runtime: 1, ramp: 0, randrepeat0: false, sync: false, file: "f.dat".into() };
+        let shape = fio::FioShape {
+            rw: "randread".into(),
+            bs: 4096,
+            iodepth: 1,
+            rwmixread: None,
+            size: 1 << 20,
+            runtime: 1,
+            ramp: 0,
+            randrepeat0: false,
+            sync: false,
+            file: "f.dat".into(),
+        };
         let iozone = fio::FioShape { rw: "read".into(), runtime: 0, file: "iozone-1m.dat".into(), ..shape.clone() };
         let kinds = [JobKind::Fio(shape), JobKind::Iozone { op: "read".into(), shape: iozone }];
         for (i, kind) in kinds.into_iter().enumerate() {
@@ -1236,8 +1274,26 @@ mod tests {
             metrics::parse(&format!("nasd_write_requests_total{{stable=\"unstable\"}} {unstable}\nnasd_write_requests_total{{stable=\"file_sync\"}} {file_sync}\n"))
         };
         let before = scrape(5, 7);
-        let shape = |sync| fio::FioShape { rw: "write".into(), bs: 1 << 20, iodepth: 16, rwmixread: None, size: 1 << 30, runtime: 5, ramp: 1, randrepeat0: false, sync, file: "f.dat".into() };
-        let job = |sync| Job { suite: "s".into(), name: "1m write".into(), group: "g".into(), x: 1.0, metric: Metric::MiBs, kind: JobKind::Fio(shape(sync)) };
+        let shape = |sync| fio::FioShape {
+            rw: "write".into(),
+            bs: 1 << 20,
+            iodepth: 16,
+            rwmixread: None,
+            size: 1 << 30,
+            runtime: 5,
+            ramp: 1,
+            randrepeat0: false,
+            sync,
+            file: "f.dat".into(),
+        };
+        let job = |sync| Job {
+            suite: "s".into(),
+            name: "1m write".into(),
+            group: "g".into(),
+            x: 1.0,
+            metric: Metric::MiBs,
+            kind: JobKind::Fio(shape(sync)),
+        };
         // An unpatched fio: sync=1 ignored, every WRITE of the timed part unstable.
         let ignored = metrics::diff(&before, &scrape(105, 7));
         assert_eq!(ignored.writes_by_stability, [("unstable".to_string(), 100)].into());

@@ -24,15 +24,25 @@ static FONT_LOADED: OnceLock<Result<(), String>> = OnceLock::new();
 pub fn load_font() -> Result<()> {
     FONT_LOADED
         .get_or_init(|| {
-            let bytes = std::fs::read(FONT_PATH).map_err(|e| format!("plot font {FONT_PATH}: {e}: install the Debian package fonts-dejavu-core (apt-get install fonts-dejavu-core)"))?;
+            let bytes = std::fs::read(FONT_PATH).map_err(|e| {
+                format!("plot font {FONT_PATH}: {e}: install the Debian package fonts-dejavu-core (apt-get install fonts-dejavu-core)")
+            })?;
             let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-            plotters::style::register_font(FONT, FontStyle::Normal, bytes).map_err(|_| format!("{FONT_PATH} is not a usable TrueType font (package fonts-dejavu-core)"))
+            plotters::style::register_font(FONT, FontStyle::Normal, bytes)
+                .map_err(|_| format!("{FONT_PATH} is not a usable TrueType font (package fonts-dejavu-core)"))
         })
         .clone()
         .map_err(|e| anyhow!(e))
 }
 
-const COLORS: [RGBColor; 6] = [RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(44, 160, 44), RGBColor(214, 39, 40), RGBColor(148, 103, 189), RGBColor(140, 86, 75)];
+const COLORS: [RGBColor; 6] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+];
 
 fn color_of(r: &Results, target: &str) -> RGBColor {
     let i = r.targets.iter().position(|t| t.name == target).unwrap_or(0);
@@ -141,7 +151,15 @@ struct BarSeries {
 /// Horizontal bars, one row per job, its series side by side, on a log x axis that spans
 /// every bar (`seed`: a value the axis must include, and the margin factor at both ends);
 /// `mark`: an x where a vertical line is drawn.
-fn log_bars(jobs: &[&JobResult], series: &[BarSeries], caption: &str, x_desc: &str, seed: (f64, f64), mark: Option<f64>, path: &Path) -> DResult<()> {
+fn log_bars(
+    jobs: &[&JobResult],
+    series: &[BarSeries],
+    caption: &str,
+    x_desc: &str,
+    seed: (f64, f64),
+    mark: Option<f64>,
+    path: &Path,
+) -> DResult<()> {
     let n = jobs.len();
     let height = (120 + n * (14 * series.len().max(1) + 12)).max(300) as u32;
     let root = BitMapBackend::new(path, (1100, height)).into_drawing_area();
@@ -192,7 +210,13 @@ fn log_bars(jobs: &[&JobResult], series: &[BarSeries], caption: &str, x_desc: &s
     if let Some(x) = mark {
         chart.draw_series(LineSeries::new(vec![(x, 0.0), (x, n as f64)], BLACK.stroke_width(2)))?;
     }
-    chart.configure_series_labels().position(SeriesLabelPosition::LowerRight).background_style(WHITE.mix(0.9)).border_style(BLACK).label_font((FONT, 14)).draw()?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .label_font((FONT, 14))
+        .draw()?;
     root.present()?;
     Ok(())
 }
@@ -209,7 +233,8 @@ fn sweep(r: &Results, jobs: &[&JobResult], group: &str, xlabel: &str, log_x: boo
     let (xmin, xmax) = (xs[0], *xs.last().unwrap());
     let targets = r.target_names();
     let series = |t: &str, f: &dyn Fn(&JobResult) -> Option<f64>| -> Vec<(f64, f64)> {
-        let mut v: Vec<(f64, f64)> = jobs.iter().filter(|j| j.get(t).is_some_and(|m| m.error.is_none())).filter_map(|j| Some((j.job.x, f(j)?))).collect();
+        let mut v: Vec<(f64, f64)> =
+            jobs.iter().filter(|j| j.get(t).is_some_and(|m| m.error.is_none())).filter_map(|j| Some((j.job.x, f(j)?))).collect();
         v.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap());
         v
     };
@@ -222,48 +247,107 @@ fn sweep(r: &Results, jobs: &[&JobResult], group: &str, xlabel: &str, log_x: boo
     macro_rules! draw_left {
         ($chart:expr) => {{
             let mut chart = $chart;
-            chart.configure_mesh().x_desc(xlabel).y_desc(ylabel).label_style((FONT, 13)).axis_desc_style((FONT, 15)).x_label_formatter(&|x| format!("{}", *x as u64)).y_label_formatter(&|y| format!("{y:.0}")).draw()?;
+            chart
+                .configure_mesh()
+                .x_desc(xlabel)
+                .y_desc(ylabel)
+                .label_style((FONT, 13))
+                .axis_desc_style((FONT, 15))
+                .x_label_formatter(&|x| format!("{}", *x as u64))
+                .y_label_formatter(&|y| format!("{y:.0}"))
+                .draw()?;
             for t in &targets {
                 let c = color_of(r, t);
                 let pts = series(t, &|j| j.value(t));
-                chart.draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))?.label(t.clone()).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+                chart
+                    .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))?
+                    .label(t.clone())
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
                 chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, c.filled())))?;
             }
-            chart.configure_series_labels().position(SeriesLabelPosition::UpperLeft).background_style(WHITE.mix(0.9)).border_style(BLACK).label_font((FONT, 14)).draw()?;
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperLeft)
+                .background_style(WHITE.mix(0.9))
+                .border_style(BLACK)
+                .label_font((FONT, 14))
+                .draw()?;
         }};
     }
     let cap = format!("{group}: {ylabel}");
     if log_x && xmin > 0.0 {
-        draw_left!(ChartBuilder::on(&left).caption(&cap, (FONT, 20)).margin(12).x_label_area_size(45).y_label_area_size(70).build_cartesian_2d((xmin * 0.8..xmax * 1.25).log_scale(), 0.0..ymax)?);
+        draw_left!(ChartBuilder::on(&left)
+            .caption(&cap, (FONT, 20))
+            .margin(12)
+            .x_label_area_size(45)
+            .y_label_area_size(70)
+            .build_cartesian_2d((xmin * 0.8..xmax * 1.25).log_scale(), 0.0..ymax)?);
     } else {
         let pad = (xmax - xmin) * 0.05;
-        draw_left!(ChartBuilder::on(&left).caption(&cap, (FONT, 20)).margin(12).x_label_area_size(45).y_label_area_size(70).build_cartesian_2d(xmin - pad..xmax + pad, 0.0..ymax)?);
+        draw_left!(ChartBuilder::on(&left)
+            .caption(&cap, (FONT, 20))
+            .margin(12)
+            .x_label_area_size(45)
+            .y_label_area_size(70)
+            .build_cartesian_2d(xmin - pad..xmax + pad, 0.0..ymax)?);
     }
     // Latency panel.
-    let lat = |t: &str, p99: bool| series(t, &|j| j.get(t)?.fio.as_ref().map(|f| if p99 { f.lat_p99_us() } else { f.lat_p50_us() }).filter(|v| *v > 0.0));
+    let lat = |t: &str, p99: bool| {
+        series(t, &|j| j.get(t)?.fio.as_ref().map(|f| if p99 { f.lat_p99_us() } else { f.lat_p50_us() }).filter(|v| *v > 0.0))
+    };
     let all: Vec<f64> = targets.iter().flat_map(|t| lat(t, true).into_iter().chain(lat(t, false))).map(|p| p.1).collect();
     let lhi = all.iter().cloned().fold(1.0, f64::max) * 2.0;
     let llo = all.iter().cloned().fold(lhi, f64::min) / 2.0;
     macro_rules! draw_right {
         ($chart:expr) => {{
             let mut chart = $chart;
-            chart.configure_mesh().x_desc(xlabel).y_desc("completion latency (µs, log scale)").label_style((FONT, 13)).axis_desc_style((FONT, 15)).x_label_formatter(&|x| format!("{}", *x as u64)).y_label_formatter(&|y| if *y >= 1.0 { format!("{y:.0}") } else { format!("{y:.2}") }).draw()?;
+            chart
+                .configure_mesh()
+                .x_desc(xlabel)
+                .y_desc("completion latency (µs, log scale)")
+                .label_style((FONT, 13))
+                .axis_desc_style((FONT, 15))
+                .x_label_formatter(&|x| format!("{}", *x as u64))
+                .y_label_formatter(&|y| if *y >= 1.0 { format!("{y:.0}") } else { format!("{y:.2}") })
+                .draw()?;
             for t in &targets {
                 let c = color_of(r, t);
-                chart.draw_series(LineSeries::new(lat(t, true), c.stroke_width(2)))?.label(format!("{t} p99")).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+                chart
+                    .draw_series(LineSeries::new(lat(t, true), c.stroke_width(2)))?
+                    .label(format!("{t} p99"))
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
                 let p50 = lat(t, false);
                 chart.draw_series(p50.iter().map(|&p| Circle::new(p, 4, c.filled())))?;
-                chart.draw_series(DashedLineSeries::new(p50.clone(), 6, 4, c.stroke_width(1)))?.label(format!("{t} p50")).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 6, y)], c.stroke_width(1)));
+                chart
+                    .draw_series(DashedLineSeries::new(p50.clone(), 6, 4, c.stroke_width(1)))?
+                    .label(format!("{t} p50"))
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 6, y)], c.stroke_width(1)));
             }
-            chart.configure_series_labels().position(SeriesLabelPosition::UpperLeft).background_style(WHITE.mix(0.9)).border_style(BLACK).label_font((FONT, 13)).draw()?;
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperLeft)
+                .background_style(WHITE.mix(0.9))
+                .border_style(BLACK)
+                .label_font((FONT, 13))
+                .draw()?;
         }};
     }
     let cap = format!("{group}: latency p50 (dashed) / p99");
     if log_x && xmin > 0.0 {
-        draw_right!(ChartBuilder::on(&right).caption(&cap, (FONT, 20)).margin(12).x_label_area_size(45).y_label_area_size(70).build_cartesian_2d((xmin * 0.8..xmax * 1.25).log_scale(), (llo..lhi).log_scale())?);
+        draw_right!(ChartBuilder::on(&right)
+            .caption(&cap, (FONT, 20))
+            .margin(12)
+            .x_label_area_size(45)
+            .y_label_area_size(70)
+            .build_cartesian_2d((xmin * 0.8..xmax * 1.25).log_scale(), (llo..lhi).log_scale())?);
     } else {
         let pad = (xmax - xmin) * 0.05;
-        draw_right!(ChartBuilder::on(&right).caption(&cap, (FONT, 20)).margin(12).x_label_area_size(45).y_label_area_size(70).build_cartesian_2d(xmin - pad..xmax + pad, (llo..lhi).log_scale())?);
+        draw_right!(ChartBuilder::on(&right)
+            .caption(&cap, (FONT, 20))
+            .margin(12)
+            .x_label_area_size(45)
+            .y_label_area_size(70)
+            .build_cartesian_2d(xmin - pad..xmax + pad, (llo..lhi).log_scale())?);
     }
     root.present()?;
     Ok(())
@@ -291,10 +375,11 @@ fn iozone_surface(_r: &Results, jobs: &[&JobResult], op: &str, target: &str, pat
     root.fill(&WHITE)?;
     let (x0, x1) = (l2(recs[0]), l2(*recs.last().unwrap()));
     let (z0, z1) = (l2(files[0]), l2(*files.last().unwrap()));
-    let mut chart = ChartBuilder::on(&root)
-        .caption(format!("iozone {op} on {target} (MiB/s)"), (FONT, 22))
-        .margin(20)
-        .build_cartesian_3d(x0..x1.max(x0 + 1.0), 0.0..zmax, z0..z1.max(z0 + 1.0))?;
+    let mut chart = ChartBuilder::on(&root).caption(format!("iozone {op} on {target} (MiB/s)"), (FONT, 22)).margin(20).build_cartesian_3d(
+        x0..x1.max(x0 + 1.0),
+        0.0..zmax,
+        z0..z1.max(z0 + 1.0),
+    )?;
     chart.with_projection(|mut p| {
         p.pitch = 0.45;
         p.yaw = 0.7;
@@ -315,12 +400,12 @@ fn iozone_surface(_r: &Results, jobs: &[&JobResult], op: &str, target: &str, pat
     let zs: Vec<f64> = files.iter().map(|&f| l2(f)).collect();
     let rec_at = |x: f64| recs[xs.iter().position(|v| (*v - x).abs() < 1e-9).unwrap_or(0)];
     let file_at = |z: f64| files[zs.iter().position(|v| (*v - z).abs() < 1e-9).unwrap_or(0)];
-    chart.draw_series(
-        SurfaceSeries::xoz(xs.iter().copied(), zs.iter().copied(), |x, z| value(file_at(z), rec_at(x))).style_func(&|&v| {
+    chart.draw_series(SurfaceSeries::xoz(xs.iter().copied(), zs.iter().copied(), |x, z| value(file_at(z), rec_at(x))).style_func(
+        &|&v| {
             let t = (v / zmax).clamp(0.0, 1.0);
             HSLColor(0.66 - 0.66 * t, 0.8, 0.5).mix(0.85).filled()
-        }),
-    )?;
+        },
+    ))?;
     // Axis names (the 3D chart has no axis descriptions of its own).
     let style = TextStyle::from((FONT, 15).into_font()).color(&BLACK);
     root.draw_text("x: record size   z (depth): file size   y (height): MiB/s", &style, (20, 670))?;

@@ -51,7 +51,8 @@ pub const SHORT_MARK: &str = "†";
 
 /// An iozone case whose run was too short for its figure to mean much.
 fn too_short(j: &JobResult, target: &str) -> bool {
-    matches!(j.job.kind, JobKind::Iozone { .. }) && j.get(target).and_then(|m| m.fio.as_ref()).and_then(|f| f.runtime_ms()).is_some_and(|ms| ms < IOZONE_MIN_MS)
+    matches!(j.job.kind, JobKind::Iozone { .. })
+        && j.get(target).and_then(|m| m.fio.as_ref()).and_then(|f| f.runtime_ms()).is_some_and(|ms| ms < IOZONE_MIN_MS)
 }
 
 /// A job's figure, marked when it is an iozone case too short to count.
@@ -137,7 +138,13 @@ fn latency_table(r: &Results, suite: &str) -> Option<Block> {
         let mut row = vec![j.job.name.clone()];
         for n in &names {
             row.push(match j.get(n).filter(|m| m.error.is_none()).and_then(|m| m.fio.as_ref()) {
-                Some(f) => format!("{} / {} / {} / {}", fmt_num(f.lat_mean_us()), fmt_num(f.lat_p50_us()), fmt_num(f.lat_p99_us()), fmt_num(f.lat_p999_us())),
+                Some(f) => format!(
+                    "{} / {} / {} / {}",
+                    fmt_num(f.lat_mean_us()),
+                    fmt_num(f.lat_p50_us()),
+                    fmt_num(f.lat_p99_us()),
+                    fmt_num(f.lat_p999_us())
+                ),
                 None => "-".into(),
             });
         }
@@ -212,9 +219,9 @@ fn server_table(r: &Results, suite: &str) -> Option<Block> {
         "nasd RSS / peak (MiB)",
         "busy poll: caught / spins, s spun",
     ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     let mut rows = Vec::new();
     for j in r.jobs.iter().filter(|j| j.job.suite == suite) {
         let Some(m) = j.get("nasd") else { continue };
@@ -315,7 +322,9 @@ fn iozone_blocks(r: &Results) -> Vec<Block> {
             for f in &files {
                 let mut row = vec![fmt_size(*f)];
                 for rc in &recs {
-                    let v = r.jobs.iter().find(|j| matches!(&j.job.kind, JobKind::Iozone { op: o, shape } if o == op && shape.size == *f && shape.bs == *rc));
+                    let v = r.jobs.iter().find(
+                        |j| matches!(&j.job.kind, JobKind::Iozone { op: o, shape } if o == op && shape.size == *f && shape.bs == *rc),
+                    );
                     row.push(v.and_then(|j| figure(j, n)).unwrap_or_default());
                 }
                 rows.push(row);
@@ -387,7 +396,10 @@ pub fn blocks(r: &Results, old: Option<&Results>, plots: &[(String, String)]) ->
         rows: r.targets.iter().map(|t| vec![t.name.clone(), t.version.clone(), t.how.clone()]).collect(),
     });
     b.push(Block::Heading(2, "Machine".into()));
-    b.push(Block::Table { header: vec!["fact".into(), "value".into()], rows: r.facts.iter().map(|(k, v)| vec![k.clone(), v.clone()]).collect() });
+    b.push(Block::Table {
+        header: vec!["fact".into(), "value".into()],
+        rows: r.facts.iter().map(|(k, v)| vec![k.clone(), v.clone()]).collect(),
+    });
     for n in &r.notes {
         b.push(Block::Para(format!("Note: {n}")));
     }
@@ -447,7 +459,10 @@ pub fn blocks(r: &Results, old: Option<&Results>, plots: &[(String, String)]) ->
                 .max()
                 .unwrap_or(0);
             if peak > 0 {
-                b.push(Block::Para(format!("nasd's peak resident memory (VmHWM) by the end of this suite: {:.0} MiB.", peak as f64 / 1048576.0)));
+                b.push(Block::Para(format!(
+                    "nasd's peak resident memory (VmHWM) by the end of this suite: {:.0} MiB.",
+                    peak as f64 / 1048576.0
+                )));
             }
         }
     }
@@ -466,7 +481,13 @@ pub fn blocks(r: &Results, old: Option<&Results>, plots: &[(String, String)]) ->
                     (Some(lo), Some(hi)) if lo > 0.0 => format!("{:.0}%", (hi - lo) / lo * 100.0),
                     _ => "-".into(),
                 };
-                vec![j.job.name.clone(), m.target.clone(), all.join(" / "), m.value(j.job.metric).map(fmt_num).unwrap_or_else(|| "-".into()), spread]
+                vec![
+                    j.job.name.clone(),
+                    m.target.clone(),
+                    all.join(" / "),
+                    m.value(j.job.metric).map(fmt_num).unwrap_or_else(|| "-".into()),
+                    spread,
+                ]
             })
         })
         .collect();
@@ -574,7 +595,10 @@ pub fn render_md(blocks: &[Block]) -> String {
             Block::Image { file, alt } => o.push_str(&format!("![{alt}]({file})\n\n")),
             Block::Table { header, rows } => {
                 o.push_str(&format!("| {} |\n", header.iter().map(|h| md_escape(h)).collect::<Vec<_>>().join(" | ")));
-                o.push_str(&format!("|{}\n", (0..header.len()).map(|i| if numeric_column(rows, i) { "---:|" } else { "---|" }).collect::<String>()));
+                o.push_str(&format!(
+                    "|{}\n",
+                    (0..header.len()).map(|i| if numeric_column(rows, i) { "---:|" } else { "---|" }).collect::<String>()
+                ));
                 for r in rows {
                     o.push_str(&format!("| {} |\n", r.iter().map(|c| md_escape(c)).collect::<Vec<_>>().join(" | ")));
                 }
@@ -647,7 +671,9 @@ fn relative(blocks: Vec<Block>, out_dir: &str) -> Vec<Block> {
         .map(|b| match b {
             Block::Para(t) => Block::Para(f(&t)),
             Block::Code(t) => Block::Code(f(&t)),
-            Block::Table { header, rows } => Block::Table { header, rows: rows.into_iter().map(|r| r.iter().map(|c| f(c)).collect()).collect() },
+            Block::Table { header, rows } => {
+                Block::Table { header, rows: rows.into_iter().map(|r| r.iter().map(|c| f(c)).collect()).collect() }
+            }
             other => other,
         })
         .collect()
@@ -679,10 +705,24 @@ fn cmd(argv: &[&str]) -> String {
 /// reclaim, TCP congestion control.
 pub fn machine_facts(dir: &Path) -> Vec<(String, String)> {
     let cpuinfo = read("/proc/cpuinfo");
-    let cpu = cpuinfo.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split_once(':')).map(|(_, v)| v.trim().to_string()).unwrap_or_default();
+    let cpu = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string())
+        .unwrap_or_default();
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
-    let mem_kb: u64 = read("/proc/meminfo").lines().find(|l| l.starts_with("MemTotal:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0);
-    let os = read("/etc/os-release").lines().find(|l| l.starts_with("PRETTY_NAME=")).map(|l| l[12..].trim_matches('"').to_string()).unwrap_or_default();
+    let mem_kb: u64 = read("/proc/meminfo")
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let os = read("/etc/os-release")
+        .lines()
+        .find(|l| l.starts_with("PRETTY_NAME="))
+        .map(|l| l[12..].trim_matches('"').to_string())
+        .unwrap_or_default();
     let d = dir.display().to_string();
     let fs = cmd(&["findmnt", "-n", "-o", "FSTYPE,OPTIONS", "--target", &d]);
     let fs = if fs.is_empty() { cmd(&["stat", "-f", "-c", "%T", &d]) } else { fs };
@@ -704,7 +744,10 @@ pub fn machine_facts(dir: &Path) -> Vec<(String, String)> {
         ),
         // It can bound the 1 MiB jobs over loopback: bbr paces a loopback connection at a
         // bandwidth estimate that swings widely (docs/performance.md, change 21).
-        ("TCP congestion control (the system's, for client and servers)".into(), read("/proc/sys/net/ipv4/tcp_congestion_control").trim().to_string()),
+        (
+            "TCP congestion control (the system's, for client and servers)".into(),
+            read("/proc/sys/net/ipv4/tcp_congestion_control").trim().to_string(),
+        ),
     ]
 }
 
@@ -716,13 +759,30 @@ mod tests {
     use super::*;
 
     fn results() -> Results {
-        let shape = FioShape { rw: "randread".into(), bs: 4096, iodepth: 1, rwmixread: None, size: 1 << 20, runtime: 1, ramp: 0, randrepeat0: false, sync: false, file: "f".into() };
+        let shape = FioShape {
+            rw: "randread".into(),
+            bs: 4096,
+            iodepth: 1,
+            rwmixread: None,
+            size: 1 << 20,
+            runtime: 1,
+            ramp: 0,
+            randrepeat0: false,
+            sync: false,
+            file: "f".into(),
+        };
         let meas = |t: &str, iops: f64, err: bool| {
             let mut f = FioResult::default();
             f.read.iops = iops;
             f.read.ios = 10;
             f.read.lat_mean_us = 100.0;
-            Measurement { target: t.into(), fio: Some(f), error: err.then(|| "boom".into()), commands: vec![format!("fio --name={t}")], ..Default::default() }
+            Measurement {
+                target: t.into(),
+                fio: Some(f),
+                error: err.then(|| "boom".into()),
+                commands: vec![format!("fio --name={t}")],
+                ..Default::default()
+            }
         };
         Results {
             suite: "smoke".into(),
@@ -731,11 +791,21 @@ mod tests {
             seconds: 1.0,
             protocol: "NFSv3".into(),
             out_dir: String::new(),
-            targets: ["nasd", "ganesha", "local"].iter().map(|n| TargetInfo { name: n.to_string(), version: "v".into(), how: "h".into() }).collect(),
+            targets: ["nasd", "ganesha", "local"]
+                .iter()
+                .map(|n| TargetInfo { name: n.to_string(), version: "v".into(), how: "h".into() })
+                .collect(),
             facts: vec![("CPU".into(), "x".into())],
             notes: vec![],
             jobs: vec![JobResult {
-                job: Job { suite: "smoke".into(), name: "4k randread qd1".into(), group: "g".into(), x: 1.0, metric: Metric::Iops, kind: JobKind::Fio(shape) },
+                job: Job {
+                    suite: "smoke".into(),
+                    name: "4k randread qd1".into(),
+                    group: "g".into(),
+                    x: 1.0,
+                    metric: Metric::Iops,
+                    kind: JobKind::Fio(shape),
+                },
                 runs: vec![meas("nasd", 3000.0, false), meas("ganesha", 1500.0, false), meas("local", 0.0, true)],
             }],
         }
@@ -759,7 +829,10 @@ mod tests {
     fn the_server_table_gives_what_busy_polling_caught_and_cost() {
         use super::super::metrics::{BusyPollFigures, ProcFigures, ServerFigures};
         let mut r = results();
-        let procs = vec![ProcFigures { procedure: "READ".into(), calls: 10, ..Default::default() }, ProcFigures { procedure: "GETATTR".into(), calls: 2, ..Default::default() }];
+        let procs = vec![
+            ProcFigures { procedure: "READ".into(), calls: 10, ..Default::default() },
+            ProcFigures { procedure: "GETATTR".into(), calls: 2, ..Default::default() },
+        ];
         let busy_poll = BusyPollFigures { spins: 9.0, caught: 8.0, seconds: 0.25 };
         r.jobs[0].runs[0].server = Some(ServerFigures { procs: procs.clone(), busy_poll, ..Default::default() });
         let rows = |r: &Results| match server_table(r, "smoke") {
@@ -838,7 +911,11 @@ mod tests {
                 metric: Metric::OpsPerSec,
                 kind: JobKind::Meta { op: super::super::suites::MetaOp::Untar, files: 0, dirs: 0, clients: 1 },
             },
-            runs: vec![meas("nasd", 3000, 2.0, Some(64 << 20)), meas("ganesha", 3000, 4.0, Some(64 << 20)), meas("local", 3000, 0.5, Some(64 << 20))],
+            runs: vec![
+                meas("nasd", 3000, 2.0, Some(64 << 20)),
+                meas("ganesha", 3000, 4.0, Some(64 << 20)),
+                meas("local", 3000, 0.5, Some(64 << 20)),
+            ],
         }];
         let Block::Table { rows, .. } = main_table(&r, "metadata") else { panic!() };
         assert_eq!(rows[0], ["untar tree", "ops/s", "1500", "750", "6000", "2.00×", "0.25×"]);
@@ -906,12 +983,30 @@ mod tests {
         let mut r = results();
         r.suite = "iozone".into();
         let case = |size: u64, mib_s: f64, runtime_ms: u64| {
-            let shape = FioShape { rw: "read".into(), bs: 4096, iodepth: 1, rwmixread: None, size, runtime: 0, ramp: 0, randrepeat0: false, sync: false, file: "f".into() };
+            let shape = FioShape {
+                rw: "read".into(),
+                bs: 4096,
+                iodepth: 1,
+                rwmixread: None,
+                size,
+                runtime: 0,
+                ramp: 0,
+                randrepeat0: false,
+                sync: false,
+                file: "f".into(),
+            };
             let mut f = FioResult::default();
             f.read.bw_bytes = mib_s * 1048576.0;
             f.read.runtime_ms = Some(runtime_ms);
             JobResult {
-                job: Job { suite: "iozone".into(), name: format!("read file {size}"), group: "read".into(), x: 4096.0, metric: Metric::MiBs, kind: JobKind::Iozone { op: "read".into(), shape } },
+                job: Job {
+                    suite: "iozone".into(),
+                    name: format!("read file {size}"),
+                    group: "read".into(),
+                    x: 4096.0,
+                    metric: Metric::MiBs,
+                    kind: JobKind::Iozone { op: "read".into(), shape },
+                },
                 runs: vec![Measurement { target: "nasd".into(), fio: Some(f), ..Default::default() }],
             }
         };
@@ -949,7 +1044,8 @@ mod tests {
         };
         assert_eq!(meta.server_cpu_per_op_us(&r.jobs[0].job), Some(200.0));
         // A listing whose server CPU is three clock ticks gets no figure per entry.
-        let listing = Measurement { cpu: Some(super::super::cpu::CpuFigures { seconds: 0.03, client: 0.02, server: Some(0.03) }), ..meta.clone() };
+        let listing =
+            Measurement { cpu: Some(super::super::cpu::CpuFigures { seconds: 0.03, client: 0.02, server: Some(0.03) }), ..meta.clone() };
         assert_eq!(listing.server_cpu_per_op_us(&r.jobs[0].job), None);
         // Reports written before CPU figures existed have none: no table.
         for m in &mut r.jobs[0].runs {

@@ -96,6 +96,7 @@ pub fn select(jobs: Vec<Job>, only: &[String]) -> (Vec<Job>, Vec<String>) {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[rustfmt::skip] // one line per variant reads as a table
 pub enum JobKind {
     Fio(FioShape),
     /// The same shape run by `clients` separate fio processes at once, each on its own file.
@@ -344,7 +345,8 @@ fn iozone(p: Params) -> Vec<Job> {
 }
 
 /// The real-tree jobs and their names, in job order.
-pub const TREE_JOBS: [(MetaOp, &str); 3] = [(MetaOp::Untar, "untar tree"), (MetaOp::CopyTree, "cp -r tree"), (MetaOp::RemoveTree, "rm -rf tree")];
+pub const TREE_JOBS: [(MetaOp, &str); 3] =
+    [(MetaOp::Untar, "untar tree"), (MetaOp::CopyTree, "cp -r tree"), (MetaOp::RemoveTree, "rm -rf tree")];
 
 /// Concurrent clients of the metadata suite's parallel create and remove.
 pub const META_CLIENTS: u32 = 8;
@@ -413,7 +415,13 @@ mod tests {
         let (jobs, added) = select(metadata(false), &only(&["remove 5000 files"]));
         assert_eq!(
             names(&jobs),
-            ["create 5000 files", "rename 5000 files", "remove 5000 files", "create 5000 files × 8 clients", "remove 5000 files × 8 clients"]
+            [
+                "create 5000 files",
+                "rename 5000 files",
+                "remove 5000 files",
+                "create 5000 files × 8 clients",
+                "remove 5000 files × 8 clients"
+            ]
         );
         assert_eq!(added, ["create 5000 files", "rename 5000 files", "create 5000 files × 8 clients"]);
 
@@ -463,7 +471,15 @@ mod tests {
     fn quick_has_the_cloud_shapes() {
         let j = jobs("quick", default_params("quick"));
         let names: Vec<&str> = j.iter().map(|j| j.name.as_str()).collect();
-        for n in ["4k randread qd1", "4k randwrite qd128", "1m read qd16", "8k read qd16", "32k write qd16", "64k randwrite qd16", "16k randrw 75/25 qd16"] {
+        for n in [
+            "4k randread qd1",
+            "4k randwrite qd128",
+            "1m read qd16",
+            "8k read qd16",
+            "32k write qd16",
+            "64k randwrite qd16",
+            "16k randrw 75/25 qd16",
+        ] {
             assert!(names.contains(&n), "{n} missing from {names:?}");
         }
         assert!(j.iter().map(|j| j.planned_secs()).sum::<f64>() < 150.0);
@@ -548,7 +564,8 @@ mod tests {
         for (i, job) in j.iter().enumerate() {
             let JobKind::Meta { op, clients, .. } = job.kind else { unreachable!() };
             if let Some(need) = op.works_on(clients) {
-                let k = j.iter().position(|x| matches!(x.kind, JobKind::Meta { op, clients: c, .. } if op == need && c == clients)).unwrap();
+                let k =
+                    j.iter().position(|x| matches!(x.kind, JobKind::Meta { op, clients: c, .. } if op == need && c == clients)).unwrap();
                 for rep in 0..3 {
                     assert!(at(rep, k) < at(rep, i), "{} before {}", j[k].name, job.name);
                 }

@@ -247,7 +247,12 @@ impl Target {
                     if which("rpcbind").is_none() {
                         bail!("rpcbind not found (apt-get install rpcbind): Ganesha's NFSv3 needs it");
                     }
-                    let c = Command::new("rpcbind").args(["-f", "-w"]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn()?;
+                    let c = Command::new("rpcbind")
+                        .args(["-f", "-w"])
+                        .stdin(Stdio::null())
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .spawn()?;
                     let end = Instant::now() + Duration::from_secs(10);
                     while UnixStream::connect("/run/rpcbind.sock").is_err() {
                         if Instant::now() > end {

@@ -221,11 +221,7 @@ fn forward_addresses(name: &str) -> Vec<IpAddr> {
 /// The client's name for wildcard rules: its reverse name, but only if that name also
 /// resolves back to the client (as mountd checks), since whoever controls the reverse zone
 /// of an address can give it any name.
-fn confirmed_name(
-    client: IpAddr,
-    reverse: impl Fn(IpAddr) -> Option<String>,
-    forward: impl Fn(&str) -> Vec<IpAddr>,
-) -> Option<String> {
+fn confirmed_name(client: IpAddr, reverse: impl Fn(IpAddr) -> Option<String>, forward: impl Fn(&str) -> Vec<IpAddr>) -> Option<String> {
     let name = reverse(client)?;
     if forward(&name).contains(&client) {
         Some(name)
@@ -292,7 +288,10 @@ impl<'a> LookupThread<'a> {
         if names.busy.fetch_add(1, Ordering::AcqRel) >= LOOKUP_THREADS {
             names.busy.fetch_sub(1, Ordering::AcqRel);
             if let Some(held_back) = LOOKUPS_FULL.allow() {
-                tracing::warn!(held_back, "{LOOKUP_THREADS} client name lookups under way: calls of clients whose names are not known yet are told to retry");
+                tracing::warn!(
+                    held_back,
+                    "{LOOKUP_THREADS} client name lookups under way: calls of clients whose names are not known yet are told to retry"
+                );
             }
             return false;
         }
@@ -709,7 +708,11 @@ mod tests {
         let e = Export {
             id: 1,
             path: "/srv".into(),
-            rules: vec![rule(ClientSpec::Anyone, true), rule(ClientSpec::Network("10.0.0.0".parse().unwrap(), 8), false), rule(ClientSpec::Wildcard("192.168.7.*".into()), false)],
+            rules: vec![
+                rule(ClientSpec::Anyone, true),
+                rule(ClientSpec::Network("10.0.0.0".parse().unwrap(), 8), false),
+                rule(ClientSpec::Wildcard("192.168.7.*".into()), false),
+            ],
             needs_mount: None,
             written_paths: Vec::new(),
         };
@@ -759,7 +762,10 @@ mod tests {
         assert_eq!(e.options_with_name(client, |_| Err(NameNotResolved)), Err(NameNotResolved));
         // A network rule outranks any wildcard (exports(5) order), and needs no name.
         let net_first = Export {
-            rules: vec![rule(ClientSpec::Wildcard("*.trusted.lab".into()), false), rule(ClientSpec::Network("10.0.0.0".parse().unwrap(), 8), true)],
+            rules: vec![
+                rule(ClientSpec::Wildcard("*.trusted.lab".into()), false),
+                rule(ClientSpec::Network("10.0.0.0".parse().unwrap(), 8), true),
+            ],
             ..e.clone()
         };
         assert!(net_first.options_with_name(client, |_| Err(NameNotResolved)).unwrap().unwrap().read_only);
@@ -869,8 +875,14 @@ mod tests {
                 Export { id: 2, path: "/srv".into(), ..Default::default() },
             ],
         };
-        assert_eq!(linked.mount_candidates("/export/home/u1").into_iter().next().map(|(e, rest)| (e.id, rest)), Some((1, PathBuf::from("u1"))));
-        assert_eq!(linked.mount_candidates("/data/export/home").into_iter().next().map(|(e, rest)| (e.id, rest)), Some((1, PathBuf::new())));
+        assert_eq!(
+            linked.mount_candidates("/export/home/u1").into_iter().next().map(|(e, rest)| (e.id, rest)),
+            Some((1, PathBuf::from("u1")))
+        );
+        assert_eq!(
+            linked.mount_candidates("/data/export/home").into_iter().next().map(|(e, rest)| (e.id, rest)),
+            Some((1, PathBuf::new()))
+        );
         assert!(linked.mount_candidates("/export").into_iter().next().is_none());
         let nested: Vec<_> = t.mount_candidates("/srv/data/x").into_iter().map(|(e, rest)| (e.id, rest)).collect();
         assert_eq!(nested, vec![(2, PathBuf::from("x")), (1, PathBuf::from("data/x"))], "the deepest first, then those above it");

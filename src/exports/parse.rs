@@ -324,7 +324,11 @@ fn parse_fsid(value: &str) -> Result<u32, String> {
 fn export_id_for_uuid(uuid: u128) -> u32 {
     let h = blake3::hash(&uuid.to_be_bytes());
     let id = u32::from_le_bytes(h.as_bytes()[..4].try_into().expect("4 bytes")) & !1;
-    if id == 0 { 2 } else { id }
+    if id == 0 {
+        2
+    } else {
+        id
+    }
 }
 
 /// Options that belong to the export rather than to one client.
@@ -379,7 +383,9 @@ fn parse_client(s: &str, resolve: &dyn Fn(&str) -> Vec<IpAddr>) -> Result<Client
     if looks_like_an_old_style_address(s) {
         // The resolver would read these as inet_aton does: `10.1` as 10.0.0.1,
         // `192.168.010.5` (octal) as 192.168.8.5, so the rule would admit another machine.
-        return Err(format!("{s:?} is not an address in dotted-decimal form (a.b.c.d, no leading zeros): write the address meant that way"));
+        return Err(format!(
+            "{s:?} is not an address in dotted-decimal form (a.b.c.d, no leading zeros): write the address meant that way"
+        ));
     }
     if !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_') {
         return Err(format!("bad client name {s:?}"));
@@ -445,7 +451,10 @@ fn apply_options(o: &mut ExportOptions, list: &str, export: &mut PerExport) -> R
                     ));
                 }
                 if flavours != "sys" {
-                    tracing::warn!(sec = flavours, "only sys of these security flavours is offered; clients asking for another cannot mount");
+                    tracing::warn!(
+                        sec = flavours,
+                        "only sys of these security flavours is offered; clients asking for another cannot mount"
+                    );
                 }
             }
             "subtree_check" => {
@@ -455,8 +464,8 @@ fn apply_options(o: &mut ExportOptions, list: &str, export: &mut PerExport) -> R
                 tracing::warn!("subtree_check is not enforced: served as no_subtree_check, knfsd's default");
             }
             // Accepted for compatibility; they do not change behaviour here.
-            "no_subtree_check" | "wdelay" | "no_wdelay" | "hide" | "nohide" | "crossmnt"
-            | "no_acl" | "acl" | "secure_locks" | "insecure_locks" | "auth_nlm" | "no_auth_nlm" => {}
+            "no_subtree_check" | "wdelay" | "no_wdelay" | "hide" | "nohide" | "crossmnt" | "no_acl" | "acl" | "secure_locks"
+            | "insecure_locks" | "auth_nlm" | "no_auth_nlm" => {}
             _ => return Err(format!("unknown export option {opt:?}")),
         }
     }
@@ -602,11 +611,21 @@ mod tests {
         assert_ne!(id("fsid=5a6f1c2e-93b1-4f0e-8d4c-0123456789ac").unwrap(), uuid);
         assert!(uuid != 0 && uuid % 2 == 0, "never root, never a path-derived (odd) id");
         assert_eq!(export_id_for_uuid(0) % 2, 0);
-        for bad in ["fsid=", "fsid=-1", "fsid=4294967296", "fsid=08", "fsid=0x", "fsid=12ab", "fsid=5a6f1c2e-93b1-4f0e-8d4c-0123456789", "fsid=5a6f1c2e 93b1"] {
+        for bad in [
+            "fsid=",
+            "fsid=-1",
+            "fsid=4294967296",
+            "fsid=08",
+            "fsid=0x",
+            "fsid=12ab",
+            "fsid=5a6f1c2e-93b1-4f0e-8d4c-0123456789",
+            "fsid=5a6f1c2e 93b1",
+        ] {
             assert!(id(bad).is_err(), "{bad}");
         }
         assert!(id("fsid").is_err());
-        let e = parse_exports("/a *(fsid=5a6f1c2e-93b1-4f0e-8d4c-0123456789ab)\n/b *(fsid=5a6f1c2e93b14f0e8d4c0123456789ab)\n", "ex").unwrap_err();
+        let e = parse_exports("/a *(fsid=5a6f1c2e-93b1-4f0e-8d4c-0123456789ab)\n/b *(fsid=5a6f1c2e93b14f0e8d4c0123456789ab)\n", "ex")
+            .unwrap_err();
         assert!(e.message.contains("already used by /a"), "one UUID, two exports: {e}");
     }
 

@@ -4,7 +4,6 @@ use super::ExportOptions;
 use crate::rpc::Credential;
 use crate::vfs::{Cred, INVALID_ID};
 
-
 /// The identity a call runs as. AUTH_NONE is always anonymous; `all_squash` maps
 /// everyone; `root_squash` maps uid 0 and gid 0 (also among the supplementary groups) to
 /// the anonymous ids. An id of -1 is the anonymous one too (as knfsd has it), and a

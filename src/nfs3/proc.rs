@@ -80,12 +80,8 @@ pub fn run(state: &ServerState, ctx: &CallContext, args: Args<'_>, out: &mut Xdr
         Args::Readlink { fh } => readlink(state, ctx, fh, out),
         Args::Read { fh, offset, count } => read(state, ctx, fh, offset, count, out),
         Args::Write { fh, offset, stable, data } => write(state, ctx, fh, offset, stable, data, out),
-        Args::Create { at, how } => {
-            create_like(state, ctx, &at, out, |adm, name| adm.rt.vfs.create(&adm.cred, &adm.obj, name, &how))
-        }
-        Args::Mkdir { at, attrs } => {
-            create_like(state, ctx, &at, out, |adm, name| adm.rt.vfs.mkdir(&adm.cred, &adm.obj, name, &attrs))
-        }
+        Args::Create { at, how } => create_like(state, ctx, &at, out, |adm, name| adm.rt.vfs.create(&adm.cred, &adm.obj, name, &how)),
+        Args::Mkdir { at, attrs } => create_like(state, ctx, &at, out, |adm, name| adm.rt.vfs.mkdir(&adm.cred, &adm.obj, name, &attrs)),
         Args::Symlink { at, attrs, target } => {
             create_like(state, ctx, &at, out, |adm, name| adm.rt.vfs.symlink(&adm.cred, &adm.obj, name, target, &attrs))
         }

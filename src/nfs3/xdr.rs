@@ -4,7 +4,7 @@
 //! the fuzz target without touching storage.
 
 use crate::vfs::{Attr, CreateHow, FileKind, PreOpAttr, SetAttrs, SetTime, SpecialNode, Stability, Timespec, VfsError, Wcc};
-use crate::xdr::{XdrReader, XdrResult, XdrWriter, XdrError};
+use crate::xdr::{XdrError, XdrReader, XdrResult, XdrWriter};
 
 pub const PROGRAM: u32 = 100003;
 pub const VERSION: u32 = 3;
@@ -46,8 +46,8 @@ pub mod proc {
     pub const COMMIT: u32 = 21;
 
     pub const NAMES: [&str; 22] = [
-        "NULL", "GETATTR", "SETATTR", "LOOKUP", "ACCESS", "READLINK", "READ", "WRITE", "CREATE", "MKDIR", "SYMLINK",
-        "MKNOD", "REMOVE", "RMDIR", "RENAME", "LINK", "READDIR", "READDIRPLUS", "FSSTAT", "FSINFO", "PATHCONF", "COMMIT",
+        "NULL", "GETATTR", "SETATTR", "LOOKUP", "ACCESS", "READLINK", "READ", "WRITE", "CREATE", "MKDIR", "SYMLINK", "MKNOD", "REMOVE",
+        "RMDIR", "RENAME", "LINK", "READDIR", "READDIRPLUS", "FSSTAT", "FSINFO", "PATHCONF", "COMMIT",
     ];
 }
 
@@ -125,6 +125,7 @@ pub struct DirOp<'a> {
 
 /// Decoded arguments of one NFSv3 call.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[rustfmt::skip] // one line per variant reads as a table
 pub enum Args<'a> {
     Null,
     Getattr { fh: &'a [u8] },

@@ -22,8 +22,10 @@ pub mod proc {
     pub const GETADDRLIST: u32 = 11;
     /// Procedure names of rpcbind v4 (v2's GETPORT is v3's and v4's GETADDR), for logs
     /// and metrics.
-    pub const NAMES: [&str; 13] =
-        ["NULL", "SET", "UNSET", "GETPORT", "DUMP", "CALLIT", "GETTIME", "UADDR2TADDR", "TADDR2UADDR", "GETVERSADDR", "INDIRECT", "GETADDRLIST", "GETSTAT"];
+    pub const NAMES: [&str; 13] = [
+        "NULL", "SET", "UNSET", "GETPORT", "DUMP", "CALLIT", "GETTIME", "UADDR2TADDR", "TADDR2UADDR", "GETVERSADDR", "INDIRECT",
+        "GETADDRLIST", "GETSTAT",
+    ];
 }
 const IPPROTO_TCP: u32 = 6;
 const IPPROTO_UDP: u32 = 17;
@@ -232,7 +234,8 @@ impl RpcProgram for Portmap {
             // discovery of servers gives up on any other reply). Only NULL of a program
             // served here is run: it does nothing, and nothing is passed on.
             Args::CallIt(program, version, procedure) => {
-                let port = self.find(program, version, Self::protocol(ctx.transport), true).filter(|_| procedure == 0).ok_or(ProcError::Drop)?;
+                let port =
+                    self.find(program, version, Self::protocol(ctx.transport), true).filter(|_| procedure == 0).ok_or(ProcError::Drop)?;
                 if ctx.version == 2 {
                     out.u32(port as u32);
                 } else {

@@ -170,7 +170,8 @@ impl Dispatcher {
             if held_up.took(ctx.procedure, took, ended) {
                 self.metrics.inline_call_held_up(ctx.program, ctx.procedure);
                 tracing::debug!(
-                    procedure = program.procedure_name(ctx.version, ctx.procedure), ?took,
+                    procedure = program.procedure_name(ctx.version, ctx.procedure),
+                    ?took,
                     "a call was held up on a runtime thread: this procedure's calls go to blocking threads for a while"
                 );
             }

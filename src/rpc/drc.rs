@@ -70,7 +70,9 @@ impl DrcKey {
 #[derive(Debug, Clone)]
 enum Entry {
     /// `kept_at`: the journal sequence number its reply was put aside under, if it was.
-    InProgress { kept_at: Option<u64> },
+    InProgress {
+        kept_at: Option<u64>,
+    },
     Done(Arc<Reply>),
 }
 
@@ -283,7 +285,11 @@ impl Journal {
                 laid.iter().try_for_each(|(f, slot)| file.write_all_at(slot, f.seq * SLOT as u64))
             })?;
             found = laid.into_iter().map(|(f, _)| f).collect();
-            tracing::info!(replies = found.len(), slots, "the duplicate request journal was laid out for another number of entries: rewritten");
+            tracing::info!(
+                replies = found.len(),
+                slots,
+                "the duplicate request journal was laid out for another number of entries: rewritten"
+            );
         }
         journal.next = AtomicU64::new(found.last().map_or(0, |f| f.seq + 1));
         Ok((journal, found))
@@ -400,14 +406,25 @@ impl DuplicateRequestCache {
         Self::with_journal_of_boot(capacity, path, kernel_boot(), make_all_durable)
     }
 
-    fn with_journal_of_boot(capacity: usize, path: &Path, boot: Option<[u8; 16]>, make_all_durable: impl FnOnce() -> bool) -> std::io::Result<Self> {
+    fn with_journal_of_boot(
+        capacity: usize,
+        path: &Path,
+        boot: Option<[u8; 16]>,
+        make_all_durable: impl FnOnce() -> bool,
+    ) -> std::io::Result<Self> {
         let (journal, found) = Journal::open(path, capacity, boot)?;
         let unsettled = found.iter().filter(|f| f.kept == Kept::Made && f.this_boot).count();
         let settled = unsettled > 0 && make_all_durable();
         if settled {
-            tracing::info!(replies = unsettled, "replies put aside by an earlier process before their changes were durable: made durable, kept");
+            tracing::info!(
+                replies = unsettled,
+                "replies put aside by an earlier process before their changes were durable: made durable, kept"
+            );
         } else if unsettled > 0 {
-            tracing::warn!(replies = unsettled, "replies put aside by an earlier process before their changes were durable: the changes could not be made durable, dropped");
+            tracing::warn!(
+                replies = unsettled,
+                "replies put aside by an earlier process before their changes were durable: the changes could not be made durable, dropped"
+            );
         }
         let mut cache = Self::new(capacity);
         {
@@ -574,9 +591,8 @@ mod tests {
         let procedures: std::collections::HashSet<u64> =
             (0..22).map(|p| hasher.hash_one(DrcKey::new("127.0.0.1".parse().unwrap(), 1, 100003, 3, p, &prefix))).collect();
         assert_eq!(procedures.len(), 22);
-        let clients: std::collections::HashSet<u64> = (1..=200u8)
-            .map(|c| hasher.hash_one(DrcKey::new(std::net::IpAddr::from([10, 0, 0, c]), 1, 100003, 3, 7, &prefix)))
-            .collect();
+        let clients: std::collections::HashSet<u64> =
+            (1..=200u8).map(|c| hasher.hash_one(DrcKey::new(std::net::IpAddr::from([10, 0, 0, c]), 1, 100003, 3, 7, &prefix))).collect();
         assert_eq!(clients.len(), 200);
     }
 
@@ -756,7 +772,8 @@ mod tests {
         // Opened with 5 slots, in another boot, twice: dropping the reply put aside must
         // not wipe a kept one (nasd once cleared it in slot 7 % 5 = 2, XID 6's).
         for _ in 0..2 {
-            let drc = DuplicateRequestCache::with_journal_of_boot(5, &path, NEXT_BOOT, || panic!("nothing of this boot to settle")).unwrap();
+            let drc =
+                DuplicateRequestCache::with_journal_of_boot(5, &path, NEXT_BOOT, || panic!("nothing of this boot to settle")).unwrap();
             for x in 4..7 {
                 assert_eq!(drc.begin(&key(x, b"a")), Lookup::Replay(reply(vec![x as u8; 40])), "xid {x}");
             }

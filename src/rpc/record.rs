@@ -91,11 +91,7 @@ impl RecordSource for &[u8] {}
 /// Reads one whole record into `buf` (cleared first). Returns `Ok(false)` on a clean end
 /// of stream between records. Small records come out of the reader's buffer (many per
 /// `read` syscall); the rest of a large one is read straight from the stream into `buf`.
-pub async fn read_record<R: RecordSource>(
-    r: &mut BufReader<R>,
-    limits: &RecordLimits,
-    buf: &mut Vec<u8>,
-) -> Result<bool, RecordError> {
+pub async fn read_record<R: RecordSource>(r: &mut BufReader<R>, limits: &RecordLimits, buf: &mut Vec<u8>) -> Result<bool, RecordError> {
     buf.clear();
     let mut fragments = 0usize;
     loop {

@@ -1,10 +1,10 @@
 //! The server: configuration, listeners, per-connection tasks, limits and shutdown.
 
+mod busy_poll;
 mod config;
 mod metrics_http;
-pub mod state;
-mod busy_poll;
 mod stalls;
+pub mod state;
 mod tcp;
 mod udp;
 
@@ -22,12 +22,12 @@ use crate::rpc::dispatch::Dispatcher;
 use crate::rpc::record::{RecordLimits, RecordPool};
 use crate::rpc::RpcProgram;
 use anyhow::Context;
+use stalls::Stalls;
 use state::{ExportRuntime, ServerState};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::net::{TcpListener, UdpSocket};
-use stalls::Stalls;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Record buffers kept for reuse: enough for a client's 16–32 large WRITEs in flight,
@@ -128,7 +128,8 @@ fn set_congestion_control(listener: &TcpListener, name: &str) -> anyhow::Result<
 async fn bind_udp(addr: SocketAddr) -> anyhow::Result<UdpSocket> {
     let socket = UdpSocket::bind(addr).await.map_err(|e| UsageError(format!("cannot listen on udp {addr}: {e}")))?;
     if addr.ip().is_unspecified() {
-        udp::report_destinations(&socket, addr).map_err(|e| UsageError(format!("udp {addr}: cannot learn the address each datagram was sent to: {e}")))?;
+        udp::report_destinations(&socket, addr)
+            .map_err(|e| UsageError(format!("udp {addr}: cannot learn the address each datagram was sent to: {e}")))?;
     }
     Ok(socket)
 }
@@ -175,8 +176,8 @@ impl Server {
         raise_fd_limit();
         let state_dir = config.state_dir();
         let state_dir_lock = lock_state_dir(&state_dir)?;
-        let key = HandleKey::load_or_create(&state_dir)
-            .with_context(|| format!("state directory {} (set --state-dir)", state_dir.display()))?;
+        let key =
+            HandleKey::load_or_create(&state_dir).with_context(|| format!("state directory {} (set --state-dir)", state_dir.display()))?;
         let changes = ChangeCount::default();
         let mut exports = Vec::new();
         for export in table.exports {
@@ -421,7 +422,10 @@ fn make_exports_durable(state: &Arc<ServerState>, within: std::time::Duration) -
         Ok(true) => {}
         Ok(false) => return false,
         Err(RecvTimeoutError::Timeout) => {
-            tracing::warn!(seconds = within.as_secs(), "the exports' file systems did not finish syncing at start: serving without waiting longer");
+            tracing::warn!(
+                seconds = within.as_secs(),
+                "the exports' file systems did not finish syncing at start: serving without waiting longer"
+            );
             return false;
         }
         Err(RecvTimeoutError::Disconnected) => {

@@ -186,13 +186,8 @@ impl Stalls {
     /// idle timeout. Its client, if it is one, reconnects when it next has a call; nothing
     /// it waits for is lost. Returns whether one was closed.
     pub fn close_least_recently_used(&self) -> bool {
-        let mut idle: Vec<Arc<Progress>> = self
-            .conns
-            .lock()
-            .values()
-            .filter(|p| !p.closing.load(Ordering::Relaxed) && p.is_idle())
-            .cloned()
-            .collect();
+        let mut idle: Vec<Arc<Progress>> =
+            self.conns.lock().values().filter(|p| !p.closing.load(Ordering::Relaxed) && p.is_idle()).cloned().collect();
         idle.sort_by_key(|p| p.last_request.load(Ordering::Relaxed));
         for p in idle {
             let Some(conn) = p.conn.get().and_then(Weak::upgrade) else { continue };

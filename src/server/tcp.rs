@@ -399,7 +399,9 @@ impl ReplySink {
         // SAFETY: plain syscall; `off` is a local the kernel advances.
         match self.try_send(|| unsafe { libc::sendfile(sock, file, &mut off, len) })? {
             None => Ok(0),
-            Some(0) if len > 0 => Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the file was cut short after its READ was answered")),
+            Some(0) if len > 0 => {
+                Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the file was cut short after its READ was answered"))
+            }
             Some(n) => Ok(n),
         }
     }
@@ -1030,7 +1032,12 @@ mod tests {
         fn versions(&self) -> (u32, u32) {
             (1, 1)
         }
-        fn call(&self, ctx: &crate::rpc::CallContext, args: &mut crate::xdr::XdrReader<'_>, out: &mut crate::xdr::XdrWriter) -> Result<(), crate::rpc::ProcError> {
+        fn call(
+            &self,
+            ctx: &crate::rpc::CallContext,
+            args: &mut crate::xdr::XdrReader<'_>,
+            out: &mut crate::xdr::XdrWriter,
+        ) -> Result<(), crate::rpc::ProcError> {
             let word = args.u32()?;
             if ctx.procedure == 1 {
                 std::thread::sleep(Duration::from_millis(word.into()));
@@ -1092,7 +1099,10 @@ mod tests {
 
     /// Serves [`Sleepy`] with an idle timeout of `idle_secs` and runs `client` on a
     /// connection to it.
-    async fn with_sleepy_server<T: Send + 'static>(idle_secs: u64, client: impl FnOnce(&mut std::net::TcpStream) -> T + Send + 'static) -> T {
+    async fn with_sleepy_server<T: Send + 'static>(
+        idle_secs: u64,
+        client: impl FnOnce(&mut std::net::TcpStream) -> T + Send + 'static,
+    ) -> T {
         let limits = crate::server::config::Limits { idle_timeout_secs: idle_secs, ..Default::default() };
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

@@ -76,7 +76,15 @@ pub(crate) fn report_destinations(socket: &impl AsRawFd, local: SocketAddr) -> s
     let set = |level, option| {
         let on: libc::c_int = 1;
         // SAFETY: a valid descriptor and an int option of the given size.
-        let rc = unsafe { libc::setsockopt(socket.as_raw_fd(), level, option, (&on as *const libc::c_int).cast(), std::mem::size_of_val(&on) as libc::socklen_t) };
+        let rc = unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                level,
+                option,
+                (&on as *const libc::c_int).cast(),
+                std::mem::size_of_val(&on) as libc::socklen_t,
+            )
+        };
         if rc != 0 {
             return Err(std::io::Error::last_os_error());
         }
@@ -198,7 +206,11 @@ fn send_from(fd: RawFd, payload: &[u8], peer: SocketAddr, from: Option<Arrival>)
         // source as a v4-mapped address.
         match (peer, from.addr) {
             (SocketAddr::V4(_), IpAddr::V4(a)) => {
-                let info = libc::in_pktinfo { ipi_ifindex: 0, ipi_spec_dst: libc::in_addr { s_addr: u32::from(a).to_be() }, ipi_addr: libc::in_addr { s_addr: 0 } };
+                let info = libc::in_pktinfo {
+                    ipi_ifindex: 0,
+                    ipi_spec_dst: libc::in_addr { s_addr: u32::from(a).to_be() },
+                    ipi_addr: libc::in_addr { s_addr: 0 },
+                };
                 put_control(&mut msg, &mut control, libc::IPPROTO_IP, libc::IP_PKTINFO, info);
             }
             (SocketAddr::V6(_), addr) => {

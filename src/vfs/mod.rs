@@ -350,24 +350,31 @@ pub trait Vfs: Send + Sync {
     }
     /// With `Blocking::Forbidden` it fails with `WouldBlock`, having changed nothing, when
     /// the write would wait for the disk (a stable write always does).
-    fn write(
-        &self,
-        cred: &Cred,
-        obj: &ObjectId,
-        offset: u64,
-        data: &[u8],
-        stable: Stability,
-        blocking: Blocking,
-    ) -> VfsResult<WriteResult>;
+    fn write(&self, cred: &Cred, obj: &ObjectId, offset: u64, data: &[u8], stable: Stability, blocking: Blocking)
+        -> VfsResult<WriteResult>;
     /// Makes everything written to the object durable.
     fn commit(&self, cred: &Cred, obj: &ObjectId, offset: u64, count: u64) -> VfsResult<Wcc>;
     fn create<'a>(&'a self, cred: &'a Cred, dir: &ObjectId, name: &[u8], how: &CreateHow) -> VfsResult<Made<'a, Created>>;
     fn mkdir<'a>(&'a self, cred: &'a Cred, dir: &ObjectId, name: &[u8], attrs: &SetAttrs) -> VfsResult<Made<'a, Created>>;
     fn symlink<'a>(&'a self, cred: &'a Cred, dir: &ObjectId, name: &[u8], target: &[u8], attrs: &SetAttrs) -> VfsResult<Made<'a, Created>>;
-    fn mknod<'a>(&'a self, cred: &'a Cred, dir: &ObjectId, name: &[u8], node: SpecialNode, attrs: &SetAttrs) -> VfsResult<Made<'a, Created>>;
+    fn mknod<'a>(
+        &'a self,
+        cred: &'a Cred,
+        dir: &ObjectId,
+        name: &[u8],
+        node: SpecialNode,
+        attrs: &SetAttrs,
+    ) -> VfsResult<Made<'a, Created>>;
     fn remove<'a>(&'a self, cred: &'a Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<Made<'a, Wcc>>;
     fn rmdir<'a>(&'a self, cred: &'a Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<Made<'a, Wcc>>;
-    fn rename<'a>(&'a self, cred: &'a Cred, from_dir: &ObjectId, from: &[u8], to_dir: &ObjectId, to: &[u8]) -> VfsResult<Made<'a, (Wcc, Wcc)>>;
+    fn rename<'a>(
+        &'a self,
+        cred: &'a Cred,
+        from_dir: &ObjectId,
+        from: &[u8],
+        to_dir: &ObjectId,
+        to: &[u8],
+    ) -> VfsResult<Made<'a, (Wcc, Wcc)>>;
     fn link<'a>(&'a self, cred: &'a Cred, obj: &ObjectId, dir: &ObjectId, name: &[u8]) -> VfsResult<Made<'a, (Attr, Wcc)>>;
     /// Lists `dir` from `cookie` (0 = start), offering entries to `accept` until it
     /// returns false (reply full) or the directory ends. `max_entries` is the caller's

@@ -202,16 +202,11 @@ impl InodeKey {
         if st.stx_mask & libc::STATX_BTIME == 0 || st.stx_btime.tv_sec < 0 {
             return None;
         }
-        let born = SystemTime::UNIX_EPOCH
-            + Duration::new(st.stx_btime.tv_sec as u64, st.stx_btime.tv_nsec);
+        let born = SystemTime::UNIX_EPOCH + Duration::new(st.stx_btime.tv_sec as u64, st.stx_btime.tv_nsec);
         if born + BIRTH_TICK_MARGIN >= now {
             return None;
         }
-        Some(Self {
-            ino: st.stx_ino,
-            born_sec: st.stx_btime.tv_sec,
-            born_nsec: st.stx_btime.tv_nsec,
-        })
+        Some(Self { ino: st.stx_ino, born_sec: st.stx_btime.tv_sec, born_nsec: st.stx_btime.tv_nsec })
     }
 }
 
@@ -242,15 +237,9 @@ mod tests {
         let young = statx_born(7, 999_999, 990_000_000, mask);
         assert_eq!(InodeKey::of(&young, now), None);
         // No birth time reported: no key.
-        assert_eq!(
-            InodeKey::of(&statx_born(7, 999_999, 0, libc::STATX_BASIC_STATS), now),
-            None
-        );
+        assert_eq!(InodeKey::of(&statx_born(7, 999_999, 0, libc::STATX_BASIC_STATS), now), None);
         // Same number, different birth: different inodes.
-        assert_ne!(
-            InodeKey::of(&old, now),
-            InodeKey::of(&statx_born(7, 999_998, 0, mask), now)
-        );
+        assert_ne!(InodeKey::of(&old, now), InodeKey::of(&statx_born(7, 999_998, 0, mask), now));
     }
 
     fn object() -> Arc<CachedObject> {
@@ -286,11 +275,7 @@ mod tests {
     fn bounded_map_stays_bounded_and_first_insert_wins() {
         let m: BoundedMap<u64, u64> = BoundedMap::new(64);
         assert_eq!(m.insert(1, 10), 10);
-        assert_eq!(
-            m.insert(1, 11),
-            10,
-            "a racing insert gets the entry already there"
-        );
+        assert_eq!(m.insert(1, 11), 10, "a racing insert gets the entry already there");
         for k in 0..10_000 {
             m.insert(k, k);
         }

@@ -11,9 +11,9 @@
 //! object may be dropped on a thread that must not wait for the disk.
 
 use super::{sys, LocalFs};
+use parking_lot::{Condvar, Mutex};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
-use parking_lot::{Condvar, Mutex};
 use std::sync::{Arc, OnceLock, Weak};
 
 type Job = (Arc<OwnedFd>, Weak<LocalFs>);

@@ -271,7 +271,21 @@ mod tests {
     fn stat_of(name: &CStr) -> EntryStat {
         let n: u64 = name.to_str().ok()?.strip_prefix('e')?.parse().ok()?;
         let t = Timespec::default();
-        let attr = Attr { kind: FileKind::Regular, mode: 0o644, nlink: 1, uid: 0, gid: 0, size: n, used: 0, rdev: (0, 0), fsid: 1, fileid: n, atime: t, mtime: t, ctime: t };
+        let attr = Attr {
+            kind: FileKind::Regular,
+            mode: 0o644,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            size: n,
+            used: 0,
+            rdev: (0, 0),
+            fsid: 1,
+            fileid: n,
+            atime: t,
+            mtime: t,
+            ctime: t,
+        };
         Some((ObjectId::new(&n.to_le_bytes())?, attr))
     }
 

@@ -17,12 +17,12 @@ use crate::vfs::*;
 use cache::{CachedObject, HandleCache, InodeKey, ObjectCache};
 use dirstream::{DirStream, DirStreams, EntryStat, ListingHelpers, LookAhead, StatBatch};
 use std::ffi::{CStr, CString};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use sync::{SyncGroup, SyncKind, SyncTicket};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
+use std::time::Duration;
+use sync::{SyncGroup, SyncKind, SyncTicket};
 
 /// Threads that share the `statx` calls of READDIRPLUS batches with the thread serving the
 /// call: one fewer than the cores, none on one core.
@@ -456,9 +456,8 @@ impl LocalFs {
         let root_fd = sys::openat(libc::AT_FDCWD, &c, libc::O_RDONLY | libc::O_DIRECTORY, 0)
             .map_err(|e| anyhow::anyhow!("cannot open export directory {}: {e}", cfg.path.display()))?;
         let st = sys::fstat(root_fd.as_raw_fd()).map_err(|e| anyhow::anyhow!("stat {}: {e}", cfg.path.display()))?;
-        let (root_id, root_mount) = sys::name_to_handle(root_fd.as_raw_fd(), &CString::default(), libc::AT_EMPTY_PATH).map_err(|e| {
-            anyhow::anyhow!("{}: the filesystem does not provide persistent file handles ({e})", cfg.path.display())
-        })?;
+        let (root_id, root_mount) = sys::name_to_handle(root_fd.as_raw_fd(), &CString::default(), libc::AT_EMPTY_PATH)
+            .map_err(|e| anyhow::anyhow!("{}: the filesystem does not provide persistent file handles ({e})", cfg.path.display()))?;
         creds::become_root();
         sys::open_by_handle(root_fd.as_raw_fd(), &root_id, libc::O_PATH).map_err(|e| {
             anyhow::anyhow!(
@@ -875,7 +874,9 @@ impl LocalFs {
         match &self.fs_sync {
             Some(fs) => fs.flush(since.fs, &self.root_fd, || self.renew_write_verifier()),
             // Shared by concurrent callers: `syncfs` writes back every dirty file.
-            None => self.syncfs_group.sync(SyncKind::Full, since.fs, |_| sys::syncfs(&self.root_fd).inspect_err(|_| self.renew_write_verifier())),
+            None => self
+                .syncfs_group
+                .sync(SyncKind::Full, since.fs, |_| sys::syncfs(&self.root_fd).inspect_err(|_| self.renew_write_verifier())),
         }
     }
 
@@ -975,7 +976,11 @@ impl LocalFs {
     /// inode locks the same way). Making the change durable comes after, unlocked, so
     /// concurrent changes still share their syncs. Programs on the server are not held
     /// off.
-    fn change_entries<const N: usize, T>(&self, dirs: [(&CachedObject, u64); N], change: impl FnOnce() -> VfsResult<T>) -> VfsResult<(T, [Wcc; N])> {
+    fn change_entries<const N: usize, T>(
+        &self,
+        dirs: [(&CachedObject, u64); N],
+        change: impl FnOnce() -> VfsResult<T>,
+    ) -> VfsResult<(T, [Wcc; N])> {
         // In lock order, each lock once (a rename within one directory names it twice).
         let mut slots: [usize; N] = std::array::from_fn(|i| entry_lock_slot(dirs[i].1));
         slots.sort_unstable();
@@ -1049,7 +1054,8 @@ impl LocalFs {
             // object is already made, and a chown the kernel refuses would fail a
             // create that happened.
             let owner = |id: Option<u32>, now: u32| id.filter(|&i| i != now && cred.uid == 0);
-            let rest = SetAttrs { mode: None, size: None, uid: owner(attrs.uid, attr.uid), gid: owner(attrs.gid, attr.gid), ..attrs.clone() };
+            let rest =
+                SetAttrs { mode: None, size: None, uid: owner(attrs.uid, attr.uid), gid: owner(attrs.gid, attr.gid), ..attrs.clone() };
             if rest != SetAttrs::default() {
                 self.apply_attrs(&fd, attr.kind, &rest)?;
                 inode_changed = true;
@@ -1131,7 +1137,11 @@ impl Vfs for LocalFs {
         // for a directory, entry change) falls between them and the post-op ones. WRITE
         // does not take it: knfsd's inode lock covers writes too, but holding one per
         // object for every WRITE would serialise a file's concurrent writes.
-        let lock = if resolved.kind == FileKind::Directory { self.changes.entry_lock(resolved.fileid) } else { self.changes.attr_lock(resolved.fileid) };
+        let lock = if resolved.kind == FileKind::Directory {
+            self.changes.entry_lock(resolved.fileid)
+        } else {
+            self.changes.attr_lock(resolved.fileid)
+        };
         let locked = lock.lock();
         let before = self.stat(&obj)?;
         if let Some(ct) = guard_ctime {
@@ -1238,7 +1248,10 @@ impl Vfs for LocalFs {
             let holds = usize::try_from(attr.size - offset).unwrap_or(usize::MAX);
             match sys::pread_append(&fd, out, wanted.min(holds), offset, nowait) {
                 Err(VfsError::NotSupp) if nowait => {
-                    tracing::info!(export_id = self.fsid, "the file system cannot read without waiting (no RWF_NOWAIT): reads go to the blocking pool");
+                    tracing::info!(
+                        export_id = self.fsid,
+                        "the file system cannot read without waiting (no RWF_NOWAIT): reads go to the blocking pool"
+                    );
                     self.no_nowait_reads.store(true, Ordering::Relaxed);
                     return Err(VfsError::WouldBlock);
                 }
@@ -1275,15 +1288,7 @@ impl Vfs for LocalFs {
         Ok(Some((ReadResult { count: len, eof, attr }, FileRange { fd, offset, len, send_failed })))
     }
 
-    fn write(
-        &self,
-        cred: &Cred,
-        id: &ObjectId,
-        offset: u64,
-        data: &[u8],
-        stable: Stability,
-        blocking: Blocking,
-    ) -> VfsResult<WriteResult> {
+    fn write(&self, cred: &Cred, id: &ObjectId, offset: u64, data: &[u8], stable: Stability, blocking: Blocking) -> VfsResult<WriteResult> {
         let _modifying = self.modifying();
         if offset.checked_add(data.len() as u64).map_or(true, |end| end > i64::MAX as u64) {
             return Err(VfsError::FBig);
@@ -1440,7 +1445,14 @@ impl Vfs for LocalFs {
         self.finish_create(cred, (dobj, dattr, wcc), since, &c, None, Some(&attrs))
     }
 
-    fn mknod<'a>(&'a self, cred: &'a Cred, dir: &ObjectId, name: &[u8], node: SpecialNode, attrs: &SetAttrs) -> VfsResult<Made<'a, Created>> {
+    fn mknod<'a>(
+        &'a self,
+        cred: &'a Cred,
+        dir: &ObjectId,
+        name: &[u8],
+        node: SpecialNode,
+        attrs: &SetAttrs,
+    ) -> VfsResult<Made<'a, Created>> {
         let _modifying = self.modifying();
         let (dobj, dattr, c) = self.new_entry(cred, dir, name)?;
         let since = self.since(&dobj);
@@ -1487,7 +1499,14 @@ impl Vfs for LocalFs {
         Ok(self.made(wcc, move || self.commit_dir(cred, &dobj, &dattr, since)))
     }
 
-    fn rename<'a>(&'a self, cred: &'a Cred, from_dir: &ObjectId, from: &[u8], to_dir: &ObjectId, to: &[u8]) -> VfsResult<Made<'a, (Wcc, Wcc)>> {
+    fn rename<'a>(
+        &'a self,
+        cred: &'a Cred,
+        from_dir: &ObjectId,
+        from: &[u8],
+        to_dir: &ObjectId,
+        to: &[u8],
+    ) -> VfsResult<Made<'a, (Wcc, Wcc)>> {
         let _modifying = self.modifying();
         let (fobj, fattr) = self.resolve_dir(cred, from_dir)?;
         let (tobj, tattr) = self.resolve_dir(cred, to_dir)?;
@@ -1535,7 +1554,10 @@ impl Vfs for LocalFs {
         let ((), [wcc]) = self.change_entries([(&*dobj, dattr.fileid)], || {
             creds::with_owner_override(|| {
                 // SAFETY: valid C strings and fds; following the /proc link names the object itself.
-                sys::check(unsafe { libc::linkat(libc::AT_FDCWD, src.as_ptr(), dobj.path_fd.as_raw_fd(), c.as_ptr(), libc::AT_SYMLINK_FOLLOW) }).map(drop)
+                sys::check(unsafe {
+                    libc::linkat(libc::AT_FDCWD, src.as_ptr(), dobj.path_fd.as_raw_fd(), c.as_ptr(), libc::AT_SYMLINK_FOLLOW)
+                })
+                .map(drop)
             })
         })?;
         let attr = self.stat(&obj)?;
@@ -1732,7 +1754,14 @@ impl LocalFs {
     /// it looked at now, shared with a helper thread when worth it. The client waits for the
     /// whole reply, so the `statx` calls are its latency, and while one client lists the
     /// other core is otherwise idle.
-    fn batch_stats(&self, cred: &Cred, fd: &Arc<OwnedFd>, at_root: bool, batch: &[sys::RawDirent<'_>], ahead: Option<Arc<StatBatch>>) -> Vec<EntryStat> {
+    fn batch_stats(
+        &self,
+        cred: &Cred,
+        fd: &Arc<OwnedFd>,
+        at_root: bool,
+        batch: &[sys::RawDirent<'_>],
+        ahead: Option<Arc<StatBatch>>,
+    ) -> Vec<EntryStat> {
         let stat = |c: &CStr| self.entry_plus(fd, c);
         let now = |entries: &[sys::RawDirent<'_>]| {
             if entries.is_empty() {
@@ -1771,7 +1800,15 @@ impl LocalFs {
     /// Starts looking at the entries the call continuing `stream` will most likely list
     /// (the `count` in its buffer from byte `from` on), on a helper thread, while the
     /// reply to this call is made and the client reads it.
-    fn look_ahead(&self, cred: &Cred, stream: &DirStream, from: usize, at_root: bool, count: usize, dir_times: (Timespec, Timespec)) -> Option<LookAhead> {
+    fn look_ahead(
+        &self,
+        cred: &Cred,
+        stream: &DirStream,
+        from: usize,
+        at_root: bool,
+        count: usize,
+        dir_times: (Timespec, Timespec),
+    ) -> Option<LookAhead> {
         listing_helpers()?;
         let next: Vec<sys::RawDirent<'_>> = sys::parse_dirents(stream.buf.get(from..stream.len)?).take(count).collect();
         if next.len() < PARALLEL_PLUS_BATCH {
@@ -1807,7 +1844,15 @@ mod tests {
 
     fn export() -> (tempfile::TempDir, Arc<LocalFs>) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let fs = LocalFs::open(&LocalConfig { path: dir.path().to_path_buf(), fsid: 1, sync: false, cache_capacity: 64, cache_idle: None, changes: ChangeCount::default() }).expect("open export");
+        let fs = LocalFs::open(&LocalConfig {
+            path: dir.path().to_path_buf(),
+            fsid: 1,
+            sync: false,
+            cache_capacity: 64,
+            cache_idle: None,
+            changes: ChangeCount::default(),
+        })
+        .expect("open export");
         (dir, fs)
     }
 
@@ -1893,12 +1938,17 @@ mod tests {
                     })
                 })
                 .collect();
-            workers.into_iter().flat_map(|w| w.join().expect("worker")).map(|w| (w.before.expect("pre-op").ctime, w.after.expect("post-op").ctime)).collect()
+            workers
+                .into_iter()
+                .flat_map(|w| w.join().expect("worker"))
+                .map(|w| (w.before.expect("pre-op").ctime, w.after.expect("post-op").ctime))
+                .collect()
         });
         // In the order of the changes: by post-op ctime, then pre-op (a file system with
         // coarse timestamps gives several changes one ctime). A rename within one
         // directory reports it twice, the same.
-        let spans: Vec<_> = spans.into_iter().map(|(before, after)| (after, before)).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        let spans: Vec<_> =
+            spans.into_iter().map(|(before, after)| (after, before)).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
         let changes = spans.len();
         // Changes one at a time: each reply's pre-op ctime is the post-op ctime of the
         // change before it. Two changes between one reply's attributes show up as a
@@ -1921,7 +1971,10 @@ mod tests {
                     s.spawn(move || {
                         (0..300)
                             .map(|_| {
-                                let wcc = fs.setattr(&root, &f, &SetAttrs { mode: Some(mode), ..Default::default() }, None).durable().expect("setattr");
+                                let wcc = fs
+                                    .setattr(&root, &f, &SetAttrs { mode: Some(mode), ..Default::default() }, None)
+                                    .durable()
+                                    .expect("setattr");
                                 (wcc.after.expect("post-op").ctime, wcc.before.expect("pre-op").ctime)
                             })
                             .collect::<Vec<_>>()
@@ -1932,7 +1985,12 @@ mod tests {
         });
         let spans: Vec<_> = spans.into_iter().collect();
         let interleaved = spans.windows(2).filter(|w| w[1].1 != w[0].0).count();
-        assert_eq!(interleaved, 0, "{interleaved} of {} replies had another change between their pre-op and post-op attributes", spans.len());
+        assert_eq!(
+            interleaved,
+            0,
+            "{interleaved} of {} replies had another change between their pre-op and post-op attributes",
+            spans.len()
+        );
     }
 
     #[test]
@@ -2252,7 +2310,10 @@ mod tests {
         // As if the directory's times had not moved (one coarse tick): the count alone
         // must tell that the buffer no longer shows the directory.
         let times = (attr.ctime, attr.mtime);
-        assert!(fs.dir_streams.take(&root, cookie, &cred, times, fs.entry_changes(attr.fileid)).is_none(), "a stream read before a CREATE was continued");
+        assert!(
+            fs.dir_streams.take(&root, cookie, &cred, times, fs.entry_changes(attr.fileid)).is_none(),
+            "a stream read before a CREATE was continued"
+        );
     }
 
     #[test]
@@ -2266,7 +2327,15 @@ mod tests {
         }
         let changes = ChangeCount::default();
         let open = |path: &Path, fsid| {
-            LocalFs::open(&LocalConfig { path: path.to_path_buf(), fsid, sync: false, cache_capacity: 64, cache_idle: None, changes: changes.clone() }).expect("open export")
+            LocalFs::open(&LocalConfig {
+                path: path.to_path_buf(),
+                fsid,
+                sync: false,
+                cache_capacity: 64,
+                cache_idle: None,
+                changes: changes.clone(),
+            })
+            .expect("open export")
         };
         let (outer, inner) = (open(dir.path(), 1), open(&sub, 2));
         let cred = Cred::root();
@@ -2274,7 +2343,10 @@ mod tests {
         let times = (attr.ctime, attr.mtime);
         // Ten entries listed through the outer export: the rest of the stream is parked.
         let cookie = ten_listed(&outer, &sub_id);
-        assert!(outer.dir_streams.take(&sub_id, cookie, &cred, times, outer.entry_changes(attr.fileid)).is_some(), "nothing changed: the stream goes on");
+        assert!(
+            outer.dir_streams.take(&sub_id, cookie, &cred, times, outer.entry_changes(attr.fileid)).is_some(),
+            "nothing changed: the stream goes on"
+        );
         let cookie = ten_listed(&outer, &sub_id);
         inner.create(&cred, &inner.root(), b"new", &CreateHow::Guarded(SetAttrs::default())).durable().expect("create");
         // As if the directory's times had not moved (one coarse tick).
@@ -2311,7 +2383,10 @@ mod tests {
                         let (id, attr) = e.plus.expect("attributes");
                         let i: u64 = name[1..].parse().expect("index");
                         assert_eq!(attr.size, i, "{name}: another entry's attributes");
-                        assert_eq!(attr.fileid, std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(dir.path().join(name)).expect("stat")));
+                        assert_eq!(
+                            attr.fileid,
+                            std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(dir.path().join(name)).expect("stat"))
+                        );
                         assert_eq!(fs.lookup(&Cred::root(), &root, e.name).expect("lookup").0, id, "{name}: another entry's handle");
                         seen += 1;
                         true
@@ -2419,15 +2494,18 @@ mod tests {
         // looked at before the writes, within the bounded age, and are served as they were.
         // This shows the look-ahead is used at all; tried up to 20 times, as on a loaded
         // machine the helper thread (shared with other tests) may start late.
-        let served_as_looked_at = (0..20).any(|_| {
-            sizes_in_next_reply_after(|dir, _| write_every_file(dir, 5)).is_some_and(|s| s.iter().all(|&n| n == 0))
-        });
+        let served_as_looked_at =
+            (0..20).any(|_| sizes_in_next_reply_after(|dir, _| write_every_file(dir, 5)).is_some_and(|s| s.iter().all(|&n| n == 0)));
         assert!(served_as_looked_at, "the entries looked at ahead were not used");
         // The changes below must show in every attempt that was quick enough to tell
         // (three of them; a loaded machine gets more tries before none can tell).
         let attempts = |between: &dyn Fn(&Path, &LocalFs), expected: u64| {
-            let told: Vec<bool> = (0..30).filter_map(|_| sizes_in_next_reply_after(between)).take(3).map(|s| s.iter().all(|&n| n == expected)).collect();
-            assert!(!told.is_empty(), "no attempt in 30 was quick enough to tell (the look-ahead's entries age out after {LOOK_AHEAD_MAX_AGE:?})");
+            let told: Vec<bool> =
+                (0..30).filter_map(|_| sizes_in_next_reply_after(between)).take(3).map(|s| s.iter().all(|&n| n == expected)).collect();
+            assert!(
+                !told.is_empty(),
+                "no attempt in 30 was quick enough to tell (the look-ahead's entries age out after {LOOK_AHEAD_MAX_AGE:?})"
+            );
             told.iter().all(|&ok| ok)
         };
         // Written through this backend: every reply after that shows the writes.
@@ -2448,6 +2526,15 @@ mod tests {
         assert!(attempts(&still_running, 9), "a change by a call still running was missed");
         // Written by another program that also changed the directory: the directory's
         // times give it away.
-        assert!(attempts(&|dir, _| { write_every_file(dir, 7); std::fs::write(dir.join("new"), b"").expect("create") }, 7), "a directory change was missed");
+        assert!(
+            attempts(
+                &|dir, _| {
+                    write_every_file(dir, 7);
+                    std::fs::write(dir.join("new"), b"").expect("create")
+                },
+                7
+            ),
+            "a directory change was missed"
+        );
     }
 }

@@ -86,7 +86,8 @@ impl SyncGroup {
             let kind = if std::mem::take(&mut st.next_full) { SyncKind::Full } else { SyncKind::Data };
             // A panic in `run` is this sync's failure: left `running`, the group would
             // hold every later caller of this file (or file system) forever.
-            let outcome = parking_lot::MutexGuard::unlocked(&mut st, || std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(kind))));
+            let outcome =
+                parking_lot::MutexGuard::unlocked(&mut st, || std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(kind))));
             let (result, panicked) = match outcome {
                 Ok(result) => (result, None),
                 Err(panic) => (Err(VfsError::Io), Some(panic)),

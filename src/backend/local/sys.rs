@@ -52,9 +52,7 @@ pub fn name_to_handle(dirfd: RawFd, name: &CStr, flags: libc::c_int) -> VfsResul
     let mut fh = FileHandle { handle_bytes: 128, handle_type: 0, f_handle: [0; 128] };
     let mut mount_id: libc::c_int = 0;
     // SAFETY: fh is large enough for MAX_HANDLE_SZ (128) bytes as announced.
-    let r = unsafe {
-        libc::syscall(libc::SYS_name_to_handle_at, dirfd, name.as_ptr(), &mut fh as *mut FileHandle, &mut mount_id, flags)
-    };
+    let r = unsafe { libc::syscall(libc::SYS_name_to_handle_at, dirfd, name.as_ptr(), &mut fh as *mut FileHandle, &mut mount_id, flags) };
     if r < 0 {
         return Err(match errno() {
             libc::EOPNOTSUPP => VfsError::NotSupp,
@@ -124,9 +122,7 @@ pub fn may_access(fd: RawFd, mode: u32) -> VfsResult<Option<bool>> {
         return Ok(None);
     }
     // SAFETY: a valid C string; AT_EACCESS checks the thread's fsuid/fsgid, not its real ids.
-    let r = unsafe {
-        libc::syscall(libc::SYS_faccessat2, fd, c"".as_ptr(), mode as libc::c_int, libc::AT_EMPTY_PATH | libc::AT_EACCESS)
-    };
+    let r = unsafe { libc::syscall(libc::SYS_faccessat2, fd, c"".as_ptr(), mode as libc::c_int, libc::AT_EMPTY_PATH | libc::AT_EACCESS) };
     if r == 0 {
         return Ok(Some(true));
     }
