@@ -458,7 +458,8 @@ fn pathconf(state: &ServerState, ctx: &CallContext, fh: &[u8], out: &mut XdrWrit
     let pc = adm.rt.vfs.pathconf();
     put_post_op_attr(out, Some(&attr));
     out.u32(pc.link_max);
-    out.u32(pc.name_max);
+    // Longer names than the protocol layer takes are refused before the file system sees them.
+    out.u32(pc.name_max.min(NAME_MAX as u32));
     out.bool(pc.no_trunc);
     out.bool(pc.chown_restricted);
     out.bool(pc.case_insensitive);

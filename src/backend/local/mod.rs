@@ -305,7 +305,8 @@ pub struct LocalFs {
     /// The file system refused `RWF_NOWAIT` for a read (tmpfs, vfat): reads that must not
     /// wait go to a thread that may.
     no_nowait_reads: AtomicBool,
-    max_file_size: u64,
+    /// The file system's limits, read once at start: PATHCONF and FSINFO report them.
+    limits: PathConf,
     changes: ChangeCount,
     /// This backend, for work handed to helper threads.
     me: Weak<LocalFs>,
@@ -479,7 +480,17 @@ impl LocalFs {
             }
         }
         let verifier = AtomicU64::new(rand::random());
-        let max_file_size = sys::max_file_size(root_fd.as_raw_fd());
+        let (link_max, name_max) = sys::link_and_name_max(root_fd.as_raw_fd());
+        let limits = PathConf {
+            link_max,
+            name_max,
+            // Linux truncates no name and lets only a privileged caller give files away.
+            no_trunc: true,
+            chown_restricted: true,
+            case_insensitive: false,
+            case_preserving: true,
+            max_file_size: sys::max_file_size(root_fd.as_raw_fd()),
+        };
         let log = sys::metadata_log(root_fd.as_raw_fd(), st.st_dev);
         let inode_sync_covers_entry = sys::inode_sync_covers_new_entry(root_fd.as_raw_fd(), log);
         let attributes_are_local = sys::attributes_are_local(root_fd.as_raw_fd());
@@ -517,7 +528,7 @@ impl LocalFs {
             close_checks: close_check::CloseChecks::default(),
             no_nowait_writes: AtomicBool::new(false),
             no_nowait_reads: AtomicBool::new(false),
-            max_file_size,
+            limits,
             changes: cfg.changes.clone(),
             me: me.clone(),
         });
@@ -1167,7 +1178,7 @@ impl Vfs for LocalFs {
         if let Some(size) = attrs.size {
             // Beyond FSINFO's maxfilesize: FBIG, as knfsd answers, also where the file
             // system itself would take it (tmpfs, XFS and btrfs go up to 2^63 - 1).
-            if size > self.max_file_size {
+            if size > self.limits.max_file_size {
                 return Err(VfsError::FBig);
             }
             let fd = self.file_fd_for(cred, &obj, &before, W)?;
@@ -1351,7 +1362,7 @@ impl Vfs for LocalFs {
             CreateHow::Unchecked(attrs) | CreateHow::Guarded(attrs) => {
                 // Refused before anything is made: a file created and then refused would
                 // turn the client's retry of a GUARDED create into EXIST.
-                if attrs.size.is_some_and(|size| size > self.max_file_size) {
+                if attrs.size.is_some_and(|size| size > self.limits.max_file_size) {
                     return Err(VfsError::FBig);
                 }
                 let mode = attrs.mode.unwrap_or(0o644) & 0o7777;
@@ -1710,15 +1721,7 @@ impl Vfs for LocalFs {
     }
 
     fn pathconf(&self) -> PathConf {
-        PathConf {
-            link_max: 65000,
-            name_max: 255,
-            no_trunc: true,
-            chown_restricted: true,
-            case_insensitive: false,
-            case_preserving: true,
-            max_file_size: self.max_file_size,
-        }
+        self.limits
     }
 
     fn write_verifier(&self) -> [u8; 8] {
@@ -2013,6 +2016,39 @@ mod tests {
             created
         });
         assert!(matches!(created, Ok(Ok(()))), "a CREATE waited for the lock of a file's SETATTR: {created:?}");
+    }
+
+    #[test]
+    fn pathconf_gives_each_file_systems_own_link_and_name_limits() {
+        let open = |path: &Path| {
+            LocalFs::open(&LocalConfig {
+                path: path.to_path_buf(),
+                fsid: 1,
+                sync: false,
+                cache_capacity: 8,
+                cache_idle: None,
+                changes: ChangeCount::default(),
+            })
+            .expect("open export")
+        };
+        let posix = |path: &Path| {
+            let c = CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
+            // SAFETY: plain syscalls on a valid C string and out pointer.
+            let links = unsafe { libc::pathconf(c.as_ptr(), libc::_PC_LINK_MAX) };
+            let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+            assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+            (links as u32, st.f_namemax as u32)
+        };
+        // The disk's file system (ext4 here: 65,000 links) and tmpfs (no limit of its own;
+        // POSIX says 127) differ, so a fixed answer fails one of them.
+        let disk = tempfile::tempdir().expect("tempdir");
+        let shm = tempfile::tempdir_in("/dev/shm").expect("tmpfs directory");
+        let (on_disk, on_shm) = (posix(disk.path()), posix(shm.path()));
+        assert_ne!(on_disk.0, on_shm.0, "the two file systems allow as many links: the test cannot tell them apart");
+        for (dir, want) in [(disk.path(), on_disk), (shm.path(), on_shm)] {
+            let pc = open(dir).pathconf();
+            assert_eq!((pc.link_max, pc.name_max), want, "{}", dir.display());
+        }
     }
 
     #[test]

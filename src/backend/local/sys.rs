@@ -597,6 +597,17 @@ pub fn readlinkat(fd: RawFd) -> VfsResult<Vec<u8>> {
     Ok(buf)
 }
 
+/// The link and name limits of the file system holding directory `dir`, as POSIX reports
+/// them (`fpathconf`, `fstatvfs`): ext4 allows 65,000 links, btrfs 65,535, XFS and tmpfs
+/// far more. Where a limit cannot be read: none for links, 255 bytes for names.
+pub fn link_and_name_max(dir: RawFd) -> (u32, u32) {
+    // SAFETY: plain syscall on a live descriptor.
+    let links = unsafe { libc::fpathconf(dir, libc::_PC_LINK_MAX) };
+    let link_max = if links < 0 { u32::MAX } else { u32::try_from(links).unwrap_or(u32::MAX) };
+    let name_max = statvfs(dir).ok().and_then(|s| u32::try_from(s.f_namemax).ok()).filter(|&n| n > 0).unwrap_or(255);
+    (link_max, name_max)
+}
+
 /// The largest size a file in directory `dir` may have, found by growing an unnamed
 /// temporary file (sparse; nothing is written). `i64::MAX` when that cannot be tried (a
 /// read-only file system, no `O_TMPFILE`).
