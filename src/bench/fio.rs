@@ -32,6 +32,12 @@ pub struct FioShape {
 }
 
 impl FioShape {
+    /// One pass over `size` bytes of `file` in blocks of `bs`, `iodepth` at a time; every
+    /// other option fio's default (set the fields to time it, mix it or make it stable).
+    pub fn one_pass(rw: &str, bs: u64, iodepth: u32, size: u64, file: &str) -> Self {
+        Self { rw: rw.into(), bs, iodepth, rwmixread: None, size, runtime: 0, ramp: 0, randrepeat0: false, sync: false, file: file.into() }
+    }
+
     pub fn reads(&self) -> bool {
         self.rw.contains("read") || self.rw.ends_with("rw")
     }
@@ -103,18 +109,7 @@ pub fn command_line(shape: &FioShape, name: &str, engine: &Engine) -> Vec<String
 
 /// Command line that lays a file out (read jobs can't create files through libnfs).
 pub fn layout_command(file: &str, size: u64, engine: &Engine) -> Vec<String> {
-    let shape = FioShape {
-        rw: "write".into(),
-        bs: 128 * 1024,
-        iodepth: 16,
-        rwmixread: None,
-        size,
-        runtime: 0,
-        ramp: 0,
-        randrepeat0: false,
-        sync: false,
-        file: file.into(),
-    };
+    let shape = FioShape::one_pass("write", 128 * 1024, 16, size, file);
     command_line(&shape, "layout", engine)
 }
 
@@ -775,16 +770,11 @@ Failed NFS operation(code:-14)
     #[test]
     fn command_lines() {
         let shape = FioShape {
-            rw: "randrw".into(),
-            bs: 16384,
-            iodepth: 16,
             rwmixread: Some(75),
-            size: 64 << 20,
             runtime: 5,
             ramp: 1,
             randrepeat0: true,
-            sync: false,
-            file: "bench.dat".into(),
+            ..FioShape::one_pass("randrw", 16384, 16, 64 << 20, "bench.dat")
         };
         let a = command_line(&shape, "j", &Engine::Nfs { url: "nfs://127.0.0.1/x?nfsport=1&mountport=1&version=3".into() });
         let s = shell_join(&a);

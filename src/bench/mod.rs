@@ -1234,18 +1234,7 @@ mod tests {
         let mut r = runner(tmp.path(), fio);
         let mut t = Target::start(&TargetSpec::Local, &tmp.path().join("local"), 3, "psync").unwrap();
         t.metrics = Some(fake_metrics(calls.clone()));
-        let shape = fio::FioShape {
-            rw: "randread".into(),
-            bs: 4096,
-            iodepth: 1,
-            rwmixread: None,
-            size: 1 << 20,
-            runtime: 1,
-            ramp: 0,
-            randrepeat0: false,
-            sync: false,
-            file: "f.dat".into(),
-        };
+        let shape = fio::FioShape { runtime: 1, ..fio::FioShape::one_pass("randread", 4096, 1, 1 << 20, "f.dat") };
         let iozone = fio::FioShape { rw: "read".into(), runtime: 0, file: "iozone-1m.dat".into(), ..shape.clone() };
         let kinds = [JobKind::Fio(shape), JobKind::Iozone { op: "read".into(), shape: iozone }];
         for (i, kind) in kinds.into_iter().enumerate() {
@@ -1274,18 +1263,7 @@ mod tests {
             metrics::parse(&format!("nasd_write_requests_total{{stable=\"unstable\"}} {unstable}\nnasd_write_requests_total{{stable=\"file_sync\"}} {file_sync}\n"))
         };
         let before = scrape(5, 7);
-        let shape = |sync| fio::FioShape {
-            rw: "write".into(),
-            bs: 1 << 20,
-            iodepth: 16,
-            rwmixread: None,
-            size: 1 << 30,
-            runtime: 5,
-            ramp: 1,
-            randrepeat0: false,
-            sync,
-            file: "f.dat".into(),
-        };
+        let shape = |sync| fio::FioShape { runtime: 5, ramp: 1, sync, ..fio::FioShape::one_pass("write", 1 << 20, 16, 1 << 30, "f.dat") };
         let job = |sync| Job {
             suite: "s".into(),
             name: "1m write".into(),

@@ -759,18 +759,7 @@ mod tests {
     use super::*;
 
     fn results() -> Results {
-        let shape = FioShape {
-            rw: "randread".into(),
-            bs: 4096,
-            iodepth: 1,
-            rwmixread: None,
-            size: 1 << 20,
-            runtime: 1,
-            ramp: 0,
-            randrepeat0: false,
-            sync: false,
-            file: "f".into(),
-        };
+        let shape = FioShape { runtime: 1, ..FioShape::one_pass("randread", 4096, 1, 1 << 20, "f") };
         let meas = |t: &str, iops: f64, err: bool| {
             let mut f = FioResult::default();
             f.read.iops = iops;
@@ -983,18 +972,7 @@ mod tests {
         let mut r = results();
         r.suite = "iozone".into();
         let case = |size: u64, mib_s: f64, runtime_ms: u64| {
-            let shape = FioShape {
-                rw: "read".into(),
-                bs: 4096,
-                iodepth: 1,
-                rwmixread: None,
-                size,
-                runtime: 0,
-                ramp: 0,
-                randrepeat0: false,
-                sync: false,
-                file: "f".into(),
-            };
+            let shape = FioShape::one_pass("read", 4096, 1, size, "f");
             let mut f = FioResult::default();
             f.read.bw_bytes = mib_s * 1048576.0;
             f.read.runtime_ms = Some(runtime_ms);

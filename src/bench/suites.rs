@@ -197,18 +197,7 @@ pub fn default_params(suite: &str) -> Params {
 }
 
 fn shape(rw: &str, bs: u64, iodepth: u32, p: Params) -> FioShape {
-    FioShape {
-        rw: rw.into(),
-        bs,
-        iodepth,
-        rwmixread: None,
-        size: p.size,
-        runtime: p.runtime,
-        ramp: p.ramp,
-        randrepeat0: false,
-        sync: false,
-        file: "bench.dat".into(),
-    }
+    FioShape { runtime: p.runtime, ramp: p.ramp, ..FioShape::one_pass(rw, bs, iodepth, p.size, "bench.dat") }
 }
 
 fn fio_job(suite: &str, group: &str, x: f64, s: FioShape) -> Job {
