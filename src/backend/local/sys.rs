@@ -598,8 +598,9 @@ pub fn readlinkat(fd: RawFd) -> VfsResult<Vec<u8>> {
 }
 
 /// The link and name limits of the file system holding directory `dir`, as POSIX reports
-/// them (`fpathconf`, `fstatvfs`): ext4 allows 65,000 links, btrfs 65,535, XFS and tmpfs
-/// far more. Where a limit cannot be read: none for links, 255 bytes for names.
+/// them (`fpathconf`, `fstatvfs`): 65,000 links on ext4, 65,535 on btrfs, 2^31 - 1 on XFS,
+/// and POSIX's 127 where the C library does not know the file system (tmpfs). Where a
+/// limit cannot be read: none for links, 255 bytes for names.
 pub fn link_and_name_max(dir: RawFd) -> (u32, u32) {
     // SAFETY: plain syscall on a live descriptor.
     let links = unsafe { libc::fpathconf(dir, libc::_PC_LINK_MAX) };
