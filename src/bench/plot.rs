@@ -51,6 +51,23 @@ fn color_of(r: &Results, target: &str) -> RGBColor {
 
 type DResult<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
+/// Draws the chart's legend at `at`, in a bordered, nearly opaque white box.
+fn draw_legend<'a, DB, CT>(chart: &mut ChartContext<'a, DB, CT>, at: SeriesLabelPosition, font_size: i32) -> DResult<()>
+where
+    DB: DrawingBackend + 'a,
+    DB::ErrorType: 'static,
+    CT: CoordTranslate,
+{
+    chart
+        .configure_series_labels()
+        .position(at)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .label_font((FONT, font_size))
+        .draw()?;
+    Ok(())
+}
+
 fn e2a(e: Box<dyn std::error::Error>) -> anyhow::Error {
     anyhow!("plot: {e}")
 }
@@ -210,13 +227,7 @@ fn log_bars(
     if let Some(x) = mark {
         chart.draw_series(LineSeries::new(vec![(x, 0.0), (x, n as f64)], BLACK.stroke_width(2)))?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .label_font((FONT, 14))
-        .draw()?;
+    draw_legend(&mut chart, SeriesLabelPosition::LowerRight, 14)?;
     root.present()?;
     Ok(())
 }
@@ -265,13 +276,7 @@ fn sweep(r: &Results, jobs: &[&JobResult], group: &str, xlabel: &str, log_x: boo
                     .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
                 chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, c.filled())))?;
             }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperLeft)
-                .background_style(WHITE.mix(0.9))
-                .border_style(BLACK)
-                .label_font((FONT, 14))
-                .draw()?;
+            draw_legend(&mut chart, SeriesLabelPosition::UpperLeft, 14)?;
         }};
     }
     let cap = format!("{group}: {ylabel}");
@@ -323,13 +328,7 @@ fn sweep(r: &Results, jobs: &[&JobResult], group: &str, xlabel: &str, log_x: boo
                     .label(format!("{t} p50"))
                     .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 6, y)], c.stroke_width(1)));
             }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperLeft)
-                .background_style(WHITE.mix(0.9))
-                .border_style(BLACK)
-                .label_font((FONT, 13))
-                .draw()?;
+            draw_legend(&mut chart, SeriesLabelPosition::UpperLeft, 13)?;
         }};
     }
     let cap = format!("{group}: latency p50 (dashed) / p99");
