@@ -25,18 +25,13 @@ import threading
 import time
 from pathlib import Path
 
+from rig.nasd import free_port
+
 __all__ = ["Ganesha", "GaneshaError", "free_port"]
 
 
 class GaneshaError(RuntimeError):
     pass
-
-
-def free_port() -> int:
-    """A TCP port free on the host loopback (in a fresh netns every port is)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _plugins_dir() -> str | None:

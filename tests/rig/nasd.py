@@ -24,6 +24,7 @@ Binary: ``binary=`` argument, else ``$NASD_BINARY``, else
 from __future__ import annotations
 
 import os
+import random
 import signal as _signal
 import socket
 import subprocess
@@ -43,11 +44,42 @@ class NasdError(RuntimeError):
     pass
 
 
+# Ports handed out by this process, not handed out again: two picks in a row (a server's
+# NFS and MOUNT ports) must differ even though nothing listens on the first yet.
+_handed_out: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` (IPv4 or IPv6) a moment ago."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A TCP and UDP port free on ``host`` (IPv4 or IPv6) a moment ago.
+
+    Taken below the kernel's ephemeral range, so no outgoing connection (a client of
+    another test, a fio job) can take it between this pick and the server's bind; the
+    kernel's own pick (bind to port 0) would come from that range.
+    """
+    low, _high = _ephemeral_range()
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    candidates = list(range(max(1024, low - 12000), low))
+    random.shuffle(candidates)
+    for port in candidates:
+        if port in _handed_out:
+            continue
+        try:
+            for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+                with socket.socket(family, kind) as s:
+                    s.bind((host, port))
+        except OSError:
+            continue
+        _handed_out.add(port)
+        return port
+    raise NasdError(f"no free port on {host} below the ephemeral range ({low})")
 
 
 def host_port(host: str, port: int) -> str:

@@ -222,6 +222,17 @@ def test_nfsh_builds_and_reports_usage():
     assert p.returncode == 2 and "unknown command" in p.stderr
 
 
+def test_free_port_stays_out_of_the_ephemeral_range_and_never_repeats():
+    # Below the range the kernel gives outgoing connections, so none of them can take
+    # the port before the server binds it; and distinct, as a server's two ports must be.
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [free_port() for _ in range(50)] + [free_port("::1") for _ in range(5)]
+    assert len(set(ports)) == len(ports)
+    assert all(1024 <= p < low for p in ports), ports
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[0]))  # still free
+
+
 def test_nfsh_connection_refused_is_a_clear_error():
     port = free_port()  # nothing listens there
     with pytest.raises(NfshError) as ei:
