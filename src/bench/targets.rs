@@ -51,8 +51,31 @@ pub struct Target {
     started_with: (u32, String),
 }
 
+/// A port free on the loopback a moment ago, for a server the bench starts. It is taken
+/// below the kernel's ephemeral range, where no outgoing connection (fio's, the bench's
+/// own) can take it before the server binds it, and it is never one handed out before
+/// (a server's NFS and MOUNT ports must differ though neither is bound yet).
 pub fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    use rand::seq::SliceRandom;
+    use std::sync::Mutex;
+    static HANDED_OUT: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let mut candidates: Vec<u16> = (low.saturating_sub(12000).max(1024)..low).collect();
+    candidates.shuffle(&mut rand::thread_rng());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let port = candidates
+        .into_iter()
+        .find(|port| {
+            !handed_out.contains(port)
+                && TcpListener::bind(("127.0.0.1", *port)).is_ok()
+                && std::net::UdpSocket::bind(("127.0.0.1", *port)).is_ok()
+        })
+        .with_context(|| format!("no free port on 127.0.0.1 below the ephemeral range ({low})"))?;
+    handed_out.push(port);
+    Ok(port)
 }
 
 fn wait_tcp(port: u16, proc: &mut Child, what: &str, log: &Path, timeout: Duration) -> Result<()> {
@@ -444,6 +467,17 @@ pub fn make_names_unique(names: &mut [String]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn free_ports_stay_below_the_ephemeral_range_and_never_repeat() {
+        let low: u16 =
+            std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap().split_whitespace().next().unwrap().parse().unwrap();
+        let ports: Vec<u16> = (0..50).map(|_| free_port().unwrap()).collect();
+        let distinct: std::collections::HashSet<_> = ports.iter().collect();
+        assert_eq!(distinct.len(), ports.len(), "{ports:?}");
+        assert!(ports.iter().all(|p| (1024..low).contains(p)), "{ports:?}");
+        TcpListener::bind(("127.0.0.1", ports[0])).expect("the port is still free");
+    }
 
     #[test]
     fn external_servers_on_one_host_get_their_own_names() {
