@@ -1,17 +1,22 @@
 //! Embedded portmapper / rpcbind (RFC 1833): program 100000, versions 2–4.
 //!
-//! It answers only for the programs this server serves, so `mount -t nfs host:/path`
-//! works with no system rpcbind. SET and UNSET are refused: nothing else registers here.
+//! It answers for the programs this server serves, so `mount -t nfs host:/path` works
+//! with no system rpcbind, and for the services other programs on this host register
+//! with SET (rpc.statd, which NFSv3 locking needs, among them). As rpcbind, it takes SET
+//! and UNSET only from local callers (a loopback source address), and never for a
+//! program this server serves itself.
 
 use crate::rpc::{CallContext, ProcError, RpcProgram, Transport};
 use crate::xdr::{XdrReader, XdrResult, XdrWriter};
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU16, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 pub const PROGRAM: u32 = 100000;
 
 pub mod proc {
+    pub const SET: u32 = 1;
+    pub const UNSET: u32 = 2;
     /// GETPORT (v2) and GETADDR (v3, v4).
     pub const GETADDR: u32 = 3;
     /// DUMP, in portmap v2 and rpcbind v3 and v4 alike.
@@ -30,16 +35,57 @@ pub mod proc {
 const IPPROTO_TCP: u32 = 6;
 const IPPROTO_UDP: u32 = 17;
 const MAX_STR: usize = 256;
+/// Services other programs may register at once; each is a SET from a local caller, and
+/// a host runs a handful.
+const MAX_REGISTRATIONS: usize = 256;
 /// Arguments of a call CALLIT passes on; only NULL's, which are empty, are looked at.
 const MAX_CALLIT_ARGS: usize = 8192;
 
-/// One registered service.
+/// One service the portmapper gives the address of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Mapping {
     pub program: u32,
     pub version: u32,
     pub protocol: u32,
     pub port: u16,
+    /// `None`: one of this server's own, reached at the address called, in either
+    /// family. `Some`: registered by another program with SET, for one family.
+    pub registered: Option<RegisteredAt>,
+}
+
+/// Where a service another program registered listens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegisteredAt {
+    /// The address it gave; the unspecified address (`0.0.0.0`, `::`) for all of its
+    /// family, answered as the address called.
+    pub ip: IpAddr,
+}
+
+impl Mapping {
+    /// Whether a caller reaching the portmapper at `local` can reach this service.
+    fn reachable_from(&self, local: IpAddr) -> bool {
+        self.registered.is_none_or(|at| at.ip.is_ipv6() == local.is_ipv6())
+    }
+
+    /// The netid rpcbind names this service by, for a caller at `local`.
+    fn netid(&self, local: IpAddr) -> &'static str {
+        Portmap::netid(self.protocol, self.registered.map_or(local, |at| at.ip))
+    }
+
+    /// The universal address a caller at `local` reaches this service at.
+    fn universal_address(&self, local: IpAddr) -> String {
+        let ip = self.registered.map(|at| at.ip).filter(|ip| !ip.is_unspecified()).unwrap_or(local);
+        Portmap::universal_address(ip, self.port)
+    }
+
+    fn owner(&self) -> &'static [u8] {
+        // rpcbind's owner of a registration by a caller not on its local socket.
+        if self.registered.is_some() {
+            b"unknown"
+        } else {
+            b"nasd"
+        }
+    }
 }
 
 /// rpcb (versions 3 and 4) arguments.
@@ -98,45 +144,147 @@ pub struct Portmap {
     nfs_port: Arc<AtomicU16>,
     /// Port this portmapper answers on (111 normally).
     own_port: u16,
+    /// Services other programs registered with SET, oldest first.
+    registered: Mutex<Vec<Mapping>>,
 }
 
 impl Portmap {
     pub fn new(nfs_port: Arc<AtomicU16>, own_port: u16) -> Self {
-        Self { nfs_port, own_port }
+        Self { nfs_port, own_port, registered: Mutex::new(Vec::new()) }
     }
 
+    /// This server's own services, then those registered with SET.
     pub fn mappings(&self) -> Vec<Mapping> {
+        let mut v = self.own_mappings();
+        v.extend(self.registrations().iter().copied());
+        v
+    }
+
+    fn own_mappings(&self) -> Vec<Mapping> {
         let nfs = self.nfs_port.load(Ordering::Relaxed);
+        let own = |program, version, protocol, port| Mapping { program, version, protocol, port, registered: None };
         let mut v = Vec::new();
         for protocol in [IPPROTO_TCP, IPPROTO_UDP] {
             for version in 2..=4 {
-                v.push(Mapping { program: PROGRAM, version, protocol, port: self.own_port });
+                v.push(own(PROGRAM, version, protocol, self.own_port));
             }
-            v.push(Mapping { program: crate::nfs3::xdr::PROGRAM, version: 3, protocol, port: nfs });
+            v.push(own(crate::nfs3::xdr::PROGRAM, 3, protocol, nfs));
             // MOUNT 1 and 2 for their listings (showmount on the BSDs; libnfs's discovery
             // of servers calls NULL of version 2).
             for version in crate::mount3::OLDEST_VERSION..=crate::mount3::VERSION {
-                v.push(Mapping { program: crate::mount3::PROGRAM, version, protocol, port: nfs });
+                v.push(own(crate::mount3::PROGRAM, version, protocol, nfs));
             }
         }
         v
     }
 
-    /// The port of `program` over `protocol`: of `version` where it is served, otherwise,
-    /// unless `exact`, of any version, as rpcbind answers GETPORT and GETADDR (the client
-    /// then learns the versions served from the program's PROG_MISMATCH); GETVERSADDR
-    /// asks for `exact`.
-    fn find(&self, program: u32, version: u32, protocol: u32, exact: bool) -> Option<u16> {
-        let served: Vec<Mapping> = self.mappings().into_iter().filter(|m| m.program == program && m.protocol == protocol).collect();
-        let same_version = served.iter().find(|m| m.version == version);
-        same_version.or(if exact { None } else { served.first() }).map(|m| m.port)
+    fn registrations(&self) -> std::sync::MutexGuard<'_, Vec<Mapping>> {
+        self.registered.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn universal_address(local: SocketAddr, port: u16) -> String {
-        let ip = crate::exports::canonical_ip(local.ip());
-        match ip {
+    /// Whether `program` is one this server serves itself: no one else registers it.
+    fn serves(&self, program: u32) -> bool {
+        self.own_mappings().iter().any(|m| m.program == program)
+    }
+
+    /// Registers `mapping` for another program, as SET does: refused (false) for a
+    /// program served here, for one already registered at that version over that
+    /// netid, and once the table is full.
+    fn register(&self, mapping: Mapping) -> bool {
+        let mut registered = self.registrations();
+        let taken = registered.iter().any(|m| {
+            (m.program, m.version, m.protocol) == (mapping.program, mapping.version, mapping.protocol)
+                && m.registered.map(|at| at.ip.is_ipv6()) == mapping.registered.map(|at| at.ip.is_ipv6())
+        });
+        if self.serves(mapping.program) || taken || registered.len() >= MAX_REGISTRATIONS {
+            return false;
+        }
+        registered.push(mapping);
+        true
+    }
+
+    /// Removes the registrations of `program` `version` that `which` selects, as UNSET
+    /// does; false if there was none.
+    fn unregister(&self, program: u32, version: u32, which: impl Fn(&Mapping) -> bool) -> bool {
+        let mut registered = self.registrations();
+        let before = registered.len();
+        registered.retain(|m| !(m.program == program && m.version == version && which(m)));
+        registered.len() < before
+    }
+
+    /// The service `program` over `protocol` that a caller at `local` reaches: of
+    /// `version` where it is served, otherwise, unless `exact`, of any version, as
+    /// rpcbind answers GETPORT and GETADDR (the client then learns the versions served
+    /// from the program's PROG_MISMATCH); GETVERSADDR asks for `exact`.
+    fn find(&self, program: u32, version: u32, protocol: u32, local: IpAddr, exact: bool) -> Option<Mapping> {
+        let served: Vec<Mapping> =
+            self.mappings().into_iter().filter(|m| m.program == program && m.protocol == protocol && m.reachable_from(local)).collect();
+        let same_version = served.iter().find(|m| m.version == version);
+        same_version.or(if exact { None } else { served.first() }).copied()
+    }
+
+    fn universal_address(ip: IpAddr, port: u16) -> String {
+        match crate::exports::canonical_ip(ip) {
             IpAddr::V4(v4) => format!("{}.{}.{}", v4, port >> 8, port & 0xff),
             IpAddr::V6(v6) => format!("{}.{}.{}", v6, port >> 8, port & 0xff),
+        }
+    }
+
+    /// The address and port of a universal address ("h1.h2.h3.h4.p1.p2", or an IPv6
+    /// address followed by ".p1.p2").
+    fn parse_universal_address(uaddr: &str) -> Option<(IpAddr, u16)> {
+        let mut parts = uaddr.rsplitn(3, '.');
+        let (low, high) = (parts.next()?.parse::<u8>().ok()?, parts.next()?.parse::<u8>().ok()?);
+        let ip = parts.next()?.parse::<IpAddr>().ok()?;
+        Some((ip, u16::from(high) << 8 | u16::from(low)))
+    }
+
+    /// The protocol of a netid rpcbind registers inet services under, and whether it is
+    /// IPv6's.
+    fn parse_netid(netid: &[u8]) -> Option<(u32, bool)> {
+        match netid {
+            b"tcp" => Some((IPPROTO_TCP, false)),
+            b"udp" => Some((IPPROTO_UDP, false)),
+            b"tcp6" => Some((IPPROTO_TCP, true)),
+            b"udp6" => Some((IPPROTO_UDP, true)),
+            _ => None,
+        }
+    }
+
+    /// SET or UNSET of rpcbind versions 3 and 4, from a local caller.
+    fn set_or_unset(&self, procedure: u32, rpcb: &Rpcb<'_>) -> bool {
+        let netid = Self::parse_netid(rpcb.netid);
+        if procedure == proc::UNSET {
+            // An empty netid unsets every transport, as rpcbind does.
+            return !self.serves(rpcb.program)
+                && (rpcb.netid.is_empty() || netid.is_some())
+                && self.unregister(rpcb.program, rpcb.version, |m| {
+                    netid.is_none_or(|(protocol, v6)| m.protocol == protocol && m.registered.is_some_and(|at| at.ip.is_ipv6() == v6))
+                });
+        }
+        let address = std::str::from_utf8(rpcb.addr).ok().and_then(Self::parse_universal_address);
+        match (netid, address) {
+            (Some((protocol, v6)), Some((ip, port))) if ip.is_ipv6() == v6 => self.register(Mapping {
+                program: rpcb.program,
+                version: rpcb.version,
+                protocol,
+                port,
+                registered: Some(RegisteredAt { ip }),
+            }),
+            _ => false,
+        }
+    }
+
+    /// SET or UNSET of portmap version 2, from a local caller: IPv4 services on every
+    /// address; UNSET removes both transports.
+    fn set_or_unset_v2(&self, procedure: u32, program: u32, version: u32, protocol: u32, port: u32) -> bool {
+        if procedure == proc::UNSET {
+            return !self.serves(program) && self.unregister(program, version, |m| m.registered.is_some_and(|at| at.ip.is_ipv4()));
+        }
+        let registered = Some(RegisteredAt { ip: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED) });
+        match (protocol, u16::try_from(port)) {
+            (IPPROTO_TCP | IPPROTO_UDP, Ok(port)) => self.register(Mapping { program, version, protocol, port, registered }),
+            _ => false,
         }
     }
 
@@ -148,9 +296,9 @@ impl Portmap {
         }
     }
 
-    /// The netid of `protocol` in the family of the address called.
-    fn netid(protocol: u32, local: SocketAddr) -> &'static str {
-        let v6 = crate::exports::canonical_ip(local.ip()).is_ipv6();
+    /// The netid of `protocol` in the family of `ip`.
+    fn netid(protocol: u32, ip: IpAddr) -> &'static str {
+        let v6 = crate::exports::canonical_ip(ip).is_ipv6();
         match (protocol == IPPROTO_TCP, v6) {
             (true, false) => "tcp",
             (true, true) => "tcp6",
@@ -161,17 +309,17 @@ impl Portmap {
 
     /// rpcbind v4 GETADDRLIST: an `rpcb_entry` for each transport of the caller's
     /// address family that serves `program` at exactly `version`, as rpcbind lists them.
-    fn write_address_list(&self, program: u32, version: u32, local: SocketAddr, out: &mut XdrWriter) {
+    fn write_address_list(&self, program: u32, version: u32, local: IpAddr, out: &mut XdrWriter) {
         // Semantics constants of <netconfig.h>: connection-oriented with orderly release,
         // and connectionless.
         const NC_TPI_CLTS: u32 = 1;
         const NC_TPI_COTS_ORD: u32 = 3;
-        let family = if crate::exports::canonical_ip(local.ip()).is_ipv6() { "inet6" } else { "inet" };
-        for m in self.mappings().into_iter().filter(|m| m.program == program && m.version == version) {
+        let family = if local.is_ipv6() { "inet6" } else { "inet" };
+        for m in self.mappings().into_iter().filter(|m| m.program == program && m.version == version && m.reachable_from(local)) {
             let tcp = m.protocol == IPPROTO_TCP;
             out.bool(true);
-            out.opaque(Self::universal_address(local, m.port).as_bytes());
-            out.opaque(Self::netid(m.protocol, local).as_bytes());
+            out.opaque(m.universal_address(local).as_bytes());
+            out.opaque(m.netid(local).as_bytes());
             out.u32(if tcp { NC_TPI_COTS_ORD } else { NC_TPI_CLTS });
             out.opaque(family.as_bytes());
             out.opaque(if tcp { b"tcp" } else { b"udp" });
@@ -191,25 +339,35 @@ impl RpcProgram for Portmap {
 
     fn call(&self, ctx: &CallContext, args: &mut XdrReader<'_>, out: &mut XdrWriter) -> Result<(), ProcError> {
         let args = Args::decode(ctx.version, ctx.procedure, args).ok_or(ProcError::ProcUnavail)??;
+        // The address called, in the family the caller sees (an IPv4 client of a
+        // dual-stack socket is an IPv4 client).
+        let local = crate::exports::canonical_ip(ctx.local.ip());
+        let protocol = Self::protocol(ctx.transport);
+        // As rpcbind: only programs on this host register, and only they unregister.
+        let local_caller = crate::exports::canonical_ip(ctx.peer.ip()).is_loopback();
+        let set_or_unset = matches!(ctx.procedure, proc::SET | proc::UNSET);
+        if set_or_unset && !local_caller {
+            tracing::debug!(peer = %ctx.peer, procedure = self.procedure_name(ctx.version, ctx.procedure), "portmapper change refused: not a local caller");
+        }
         match args {
             Args::Null => {}
-            Args::Mapping(program, version, protocol, _) => match ctx.procedure {
-                3 => out.u32(self.find(program, version, protocol, false).unwrap_or(0) as u32),
-                _ => out.bool(false),
+            Args::Mapping(program, version, protocol, port) => match ctx.procedure {
+                proc::GETADDR => out.u32(self.find(program, version, protocol, local, false).map_or(0, |m| m.port.into())),
+                _ => out.bool(local_caller && self.set_or_unset_v2(ctx.procedure, program, version, protocol, port)),
             },
             Args::Rpcb(rpcb) => match ctx.procedure {
                 proc::GETADDR | proc::GETVERSADDR => {
                     // RFC 1833: the netid asked for is ignored; it is the transport's the
                     // call came in on, as rpcbind answers (libnfs sends an empty one).
-                    let port = self.find(rpcb.program, rpcb.version, Self::protocol(ctx.transport), ctx.procedure == proc::GETVERSADDR);
-                    let uaddr = port.map(|p| Self::universal_address(ctx.local, p)).unwrap_or_default();
-                    out.opaque(uaddr.as_bytes());
+                    let found = self.find(rpcb.program, rpcb.version, protocol, local, ctx.procedure == proc::GETVERSADDR);
+                    out.opaque(found.map(|m| m.universal_address(local)).unwrap_or_default().as_bytes());
                 }
-                proc::GETADDRLIST => self.write_address_list(rpcb.program, rpcb.version, ctx.local, out),
-                _ => out.bool(false),
+                proc::GETADDRLIST => self.write_address_list(rpcb.program, rpcb.version, local, out),
+                _ => out.bool(local_caller && self.set_or_unset(ctx.procedure, &rpcb)),
             },
             Args::Dump if ctx.version == 2 => {
-                for m in self.mappings() {
+                // Portmap version 2 knows IPv4 alone.
+                for m in self.mappings().into_iter().filter(|m| m.registered.is_none_or(|at| at.ip.is_ipv4())) {
                     out.bool(true);
                     for v in [m.program, m.version, m.protocol, m.port as u32] {
                         out.u32(v);
@@ -218,14 +376,19 @@ impl RpcProgram for Portmap {
                 out.bool(false);
             }
             Args::Dump => {
-                // The addresses are the one called, so their netid is of its family.
+                // This server's own are at the address called, so their netid is of its
+                // family; registered ones as they were registered.
                 for m in self.mappings() {
                     out.bool(true);
                     out.u32(m.program);
                     out.u32(m.version);
-                    out.opaque(Self::netid(m.protocol, ctx.local).as_bytes());
-                    out.opaque(Self::universal_address(ctx.local, m.port).as_bytes());
-                    out.opaque(b"nasd");
+                    out.opaque(m.netid(local).as_bytes());
+                    let uaddr = match m.registered {
+                        Some(at) => Self::universal_address(at.ip, m.port),
+                        None => m.universal_address(local),
+                    };
+                    out.opaque(uaddr.as_bytes());
+                    out.opaque(m.owner());
                 }
                 out.bool(false);
             }
@@ -234,12 +397,14 @@ impl RpcProgram for Portmap {
             // discovery of servers gives up on any other reply). Only NULL of a program
             // served here is run: it does nothing, and nothing is passed on.
             Args::CallIt(program, version, procedure) => {
-                let port =
-                    self.find(program, version, Self::protocol(ctx.transport), true).filter(|_| procedure == 0).ok_or(ProcError::Drop)?;
+                let own = self
+                    .find(program, version, protocol, local, true)
+                    .filter(|m| m.registered.is_none() && procedure == 0)
+                    .ok_or(ProcError::Drop)?;
                 if ctx.version == 2 {
-                    out.u32(port as u32);
+                    out.u32(own.port as u32);
                 } else {
-                    out.opaque(Self::universal_address(ctx.local, port).as_bytes());
+                    out.opaque(own.universal_address(local).as_bytes());
                 }
                 out.opaque(b"");
             }
@@ -266,21 +431,40 @@ mod tests {
 
     #[test]
     fn universal_addresses() {
-        assert_eq!(Portmap::universal_address("127.0.0.1:111".parse().unwrap(), 2049), "127.0.0.1.8.1");
-        assert_eq!(Portmap::universal_address("[::ffff:10.0.0.1]:111".parse().unwrap(), 20048), "10.0.0.1.78.80");
+        assert_eq!(Portmap::universal_address("127.0.0.1".parse().unwrap(), 2049), "127.0.0.1.8.1");
+        assert_eq!(Portmap::universal_address("::ffff:10.0.0.1".parse().unwrap(), 20048), "10.0.0.1.78.80");
+        assert_eq!(Portmap::universal_address("::1".parse().unwrap(), 662), "::1.2.150");
+        for (uaddr, parsed) in [
+            ("127.0.0.1.8.1", Some(("127.0.0.1", 2049))),
+            ("0.0.0.0.2.150", Some(("0.0.0.0", 662))),
+            ("::.2.150", Some(("::", 662))),
+            ("fe80::1.255.255", Some(("fe80::1", 65535))),
+            ("127.0.0.1.256.1", None),
+            ("127.0.0.1.8", None),
+            ("localhost.8.1", None),
+            ("", None),
+        ] {
+            let expected = parsed.map(|(ip, port)| (ip.parse::<IpAddr>().unwrap(), port));
+            assert_eq!(Portmap::parse_universal_address(uaddr), expected, "{uaddr:?}");
+        }
     }
 
     /// The result of `procedure` of rpcbind `version`, called over `transport` at `local`
     /// of a portmapper on 111 for NFS on 2049.
     fn call(local: &str, transport: Transport, version: u32, procedure: u32, args: &[u8]) -> Vec<u8> {
         let pm = Portmap::new(Arc::new(AtomicU16::new(2049)), 111);
+        call_from(&pm, "127.0.0.1:900", local, transport, version, procedure, args)
+    }
+
+    /// As [`call`], of `pm`, from `peer`.
+    fn call_from(pm: &Portmap, peer: &str, local: &str, transport: Transport, version: u32, procedure: u32, args: &[u8]) -> Vec<u8> {
         let ctx = CallContext {
             xid: 1,
             program: PROGRAM,
             version,
             procedure,
             credential: crate::rpc::Credential::None,
-            peer: "127.0.0.1:900".parse().unwrap(),
+            peer: peer.parse().unwrap(),
             local: local.parse().unwrap(),
             transport,
             may_block: false,
@@ -289,6 +473,143 @@ mod tests {
         let mut out = XdrWriter::new();
         pm.call(&ctx, &mut XdrReader::new(args), &mut out).unwrap();
         out.into_inner()
+    }
+
+    /// An rpcb argument registering `program` `version` over `netid` at `uaddr`.
+    fn rpcb_at(program: u32, version: u32, netid: &str, uaddr: &str) -> Vec<u8> {
+        let mut w = XdrWriter::new();
+        w.u32(program);
+        w.u32(version);
+        w.opaque(netid.as_bytes());
+        w.opaque(uaddr.as_bytes());
+        w.opaque(b"0");
+        w.into_inner()
+    }
+
+    /// A portmap version 2 mapping argument.
+    fn mapping(program: u32, version: u32, protocol: u32, port: u32) -> Vec<u8> {
+        let mut w = XdrWriter::new();
+        for v in [program, version, protocol, port] {
+            w.u32(v);
+        }
+        w.into_inner()
+    }
+
+    fn answer_bool(reply: &[u8]) -> bool {
+        XdrReader::new(reply).bool().unwrap()
+    }
+
+    /// Every entry of a version 4 DUMP: (program, version, netid, universal address, owner).
+    fn dump_v4(pm: &Portmap, local: &str) -> Vec<(u32, u32, String, String, String)> {
+        let reply = call_from(pm, "127.0.0.1:900", local, Transport::Tcp, 4, proc::DUMP, &[]);
+        let mut r = XdrReader::new(&reply);
+        let mut entries = Vec::new();
+        while r.bool().unwrap() {
+            let (program, version) = (r.u32().unwrap(), r.u32().unwrap());
+            entries.push((program, version, string(&mut r), string(&mut r), string(&mut r)));
+        }
+        entries
+    }
+
+    /// Every entry of a version 2 DUMP: (program, version, protocol, port).
+    fn dump_v2(pm: &Portmap) -> Vec<[u32; 4]> {
+        let reply = call_from(pm, "127.0.0.1:900", "127.0.0.1:111", Transport::Tcp, 2, proc::DUMP, &[]);
+        let mut r = XdrReader::new(&reply);
+        let mut entries = Vec::new();
+        while r.bool().unwrap() {
+            entries.push([r.u32().unwrap(), r.u32().unwrap(), r.u32().unwrap(), r.u32().unwrap()]);
+        }
+        entries
+    }
+
+    const STATD: u32 = 100024;
+
+    #[test]
+    fn a_local_service_set_is_found_by_getport_getaddr_and_dump_until_unset() {
+        let pm = Portmap::new(Arc::new(AtomicU16::new(2049)), 111);
+        let local = "127.0.0.1:900";
+        let v2 = |procedure, args: &[u8]| call_from(&pm, local, "127.0.0.1:111", Transport::Udp, 2, procedure, args);
+        let getport = |protocol| XdrReader::new(&v2(proc::GETADDR, &mapping(STATD, 1, protocol, 0))).u32().unwrap();
+        let getaddr = |at: &str, transport| {
+            let reply = call_from(&pm, local, at, transport, 3, proc::GETADDR, &rpcb(STATD, 1, ""));
+            string(&mut XdrReader::new(&reply))
+        };
+
+        // rpc.statd registers this way through libtirpc when no rpcbind socket answers.
+        assert!(answer_bool(&v2(proc::SET, &mapping(STATD, 1, IPPROTO_TCP, 662))));
+        assert!(answer_bool(&v2(proc::SET, &mapping(STATD, 1, IPPROTO_UDP, 663))));
+        assert_eq!((getport(IPPROTO_TCP), getport(IPPROTO_UDP)), (662, 663));
+        // Registered on every address: named by the address called.
+        assert_eq!(getaddr("127.0.0.2:111", Transport::Tcp), "127.0.0.2.2.150");
+        assert!(dump_v2(&pm).contains(&[STATD, 1, IPPROTO_TCP, 662]));
+        assert!(dump_v4(&pm, "127.0.0.1:111").contains(&(STATD, 1, "udp".into(), "0.0.0.0.2.151".into(), "unknown".into())));
+        // IPv4 registrations are no answer to an IPv6 caller; an IPv6 one is.
+        assert_eq!(getaddr("[::1]:111", Transport::Tcp), "");
+        let set6 = call_from(&pm, "[::1]:900", "[::1]:111", Transport::Tcp, 4, proc::SET, &rpcb_at(STATD, 1, "tcp6", "::.2.152"));
+        assert!(answer_bool(&set6));
+        assert_eq!(getaddr("[::1]:111", Transport::Tcp), "::1.2.152");
+        assert_eq!(getaddr("[::1]:111", Transport::Udp), "");
+        assert!(!dump_v2(&pm).iter().any(|m| m[3] == 152 + (2 << 8)), "version 2 lists IPv4 alone");
+
+        // Version 2's UNSET removes both IPv4 transports and leaves IPv6 alone.
+        assert!(answer_bool(&v2(proc::UNSET, &mapping(STATD, 1, 0, 0))));
+        assert_eq!((getport(IPPROTO_TCP), getport(IPPROTO_UDP)), (0, 0));
+        assert_eq!(getaddr("[::1]:111", Transport::Tcp), "::1.2.152");
+        // Version 4's with no netid removes every transport; once.
+        let unset = || call_from(&pm, local, "127.0.0.1:111", Transport::Tcp, 4, proc::UNSET, &rpcb(STATD, 1, ""));
+        assert!(answer_bool(&unset()));
+        assert!(!answer_bool(&unset()));
+        assert_eq!(getaddr("[::1]:111", Transport::Tcp), "");
+        assert!(!dump_v4(&pm, "127.0.0.1:111").iter().any(|e| e.0 == STATD));
+    }
+
+    #[test]
+    fn set_and_unset_are_refused_to_remote_callers_bad_addresses_and_programs_served_here() {
+        let pm = Portmap::new(Arc::new(AtomicU16::new(2049)), 111);
+        let set = |peer, args: &[u8]| answer_bool(&call_from(&pm, peer, "127.0.0.1:111", Transport::Tcp, 4, proc::SET, args));
+        let unset = |peer, args: &[u8]| answer_bool(&call_from(&pm, peer, "127.0.0.1:111", Transport::Tcp, 4, proc::UNSET, args));
+        let statd = rpcb_at(STATD, 1, "tcp", "0.0.0.0.2.150");
+
+        for remote in ["10.0.0.9:900", "[::ffff:192.168.1.2]:900", "[2001:db8::1]:900"] {
+            assert!(!set(remote, &statd), "{remote}");
+        }
+        assert!(!dump_v4(&pm, "127.0.0.1:111").iter().any(|e| e.0 == STATD));
+        assert!(set("[::ffff:127.0.0.1]:900", &statd));
+        assert!(!set("127.0.0.1:900", &statd), "already registered at that version and netid");
+        assert!(set("127.0.0.1:900", &rpcb_at(STATD, 2, "tcp", "0.0.0.0.2.150")), "another version");
+        assert!(!unset("10.0.0.9:900", &rpcb(STATD, 1, "")), "a remote caller unregisters nothing");
+        assert!(dump_v4(&pm, "127.0.0.1:111").iter().any(|e| (e.0, e.1) == (STATD, 1)));
+
+        // No one else speaks for this server's own programs.
+        for program in [PROGRAM, 100003, 100005] {
+            assert!(!set("127.0.0.1:900", &rpcb_at(program, 4, "tcp", "127.0.0.1.9.9")), "{program}");
+            assert!(!unset("127.0.0.1:900", &rpcb(program, 3, "")), "{program}");
+        }
+        assert_eq!(pm.find(100003, 3, IPPROTO_TCP, "127.0.0.1".parse().unwrap(), true).map(|m| m.port), Some(2049));
+
+        // Addresses that are not an inet transport's, or not of the netid's family.
+        for (netid, uaddr) in [
+            ("local", "/run/statd.sock"),
+            ("tcp", "localhost.2.150"),
+            ("tcp", "0.0.0.0.2"),
+            ("tcp6", "127.0.0.1.2.150"),
+            ("udp", "::1.2.150"),
+        ] {
+            assert!(!set("127.0.0.1:900", &rpcb_at(STATD, 3, netid, uaddr)), "{netid} {uaddr}");
+        }
+        let v2_set = |protocol, port| {
+            let reply = call_from(&pm, "127.0.0.1:900", "127.0.0.1:111", Transport::Udp, 2, proc::SET, &mapping(STATD, 9, protocol, port));
+            answer_bool(&reply)
+        };
+        assert!(!v2_set(99, 662), "no such protocol");
+        assert!(!v2_set(IPPROTO_TCP, 70000), "no such port");
+
+        // The table is bounded.
+        let mut version = 100;
+        while set("127.0.0.1:900", &rpcb_at(STATD, version, "udp", "0.0.0.0.2.151")) {
+            version += 1;
+        }
+        assert_eq!(pm.registrations().len(), MAX_REGISTRATIONS);
     }
 
     /// An rpcb argument for `program` and `version` naming `netid`.
@@ -429,18 +750,22 @@ mod tests {
     #[test]
     fn getport_finds_only_served_programs_and_any_version_unless_asked_for_one() {
         let pm = Portmap::new(Arc::new(AtomicU16::new(2049)), 111);
+        let port = |program, version, protocol, exact| {
+            let local: IpAddr = "127.0.0.1".parse().unwrap();
+            pm.find(program, version, protocol, local, exact).map(|m| m.port)
+        };
         for exact in [false, true] {
-            assert_eq!(pm.find(100003, 3, IPPROTO_TCP, exact), Some(2049));
-            assert_eq!(pm.find(100005, 3, IPPROTO_UDP, exact), Some(2049));
-            assert_eq!(pm.find(100021, 4, IPPROTO_TCP, exact), None, "NLM is not served");
-            assert_eq!(pm.find(100003, 3, 99, exact), None, "no such protocol");
+            assert_eq!(port(100003, 3, IPPROTO_TCP, exact), Some(2049));
+            assert_eq!(port(100005, 3, IPPROTO_UDP, exact), Some(2049));
+            assert_eq!(port(100021, 4, IPPROTO_TCP, exact), None, "NLM is not served");
+            assert_eq!(port(100003, 3, 99, exact), None, "no such protocol");
         }
         // As rpcbind: GETPORT and GETADDR name the program's port whatever the version,
         // so a client asking for NFS v4 or MOUNT v1 reaches it and learns the versions
         // from its PROG_MISMATCH; GETVERSADDR finds the version asked for only.
-        assert_eq!(pm.find(100003, 4, IPPROTO_TCP, false), Some(2049));
-        assert_eq!(pm.find(100005, 1, IPPROTO_UDP, false), Some(2049));
-        assert_eq!(pm.find(100003, 4, IPPROTO_TCP, true), None);
-        assert_eq!(pm.find(100000, 2, IPPROTO_TCP, true), Some(111));
+        assert_eq!(port(100003, 4, IPPROTO_TCP, false), Some(2049));
+        assert_eq!(port(100005, 1, IPPROTO_UDP, false), Some(2049));
+        assert_eq!(port(100003, 4, IPPROTO_TCP, true), None);
+        assert_eq!(port(100000, 2, IPPROTO_TCP, true), Some(111));
     }
 }

@@ -24,7 +24,7 @@ use crate::rpc::RpcProgram;
 use anyhow::Context;
 use stalls::Stalls;
 use state::{ExportRuntime, ServerState};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::net::{TcpListener, UdpSocket};
@@ -100,6 +100,19 @@ async fn bind_tcp(addr: SocketAddr) -> anyhow::Result<TcpListener> {
         };
         UsageError(format!("cannot listen on {addr}: {e}{hint}")).into()
     })
+}
+
+/// The loopback addresses (`127.0.0.1`, `::1`) a listener on `listen` does not answer
+/// on. The portmapper listens there too, as rpcbind listens on every address: programs
+/// on this host register with it there (libtirpc's `rpcb_set`, which rpc.statd calls,
+/// goes to `::1`; portmap version 2 clients to `127.0.0.1`).
+fn loopbacks_not_covered_by(listen: IpAddr) -> Vec<IpAddr> {
+    let v4_loopback = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+    let v6_loopback = IpAddr::V6(std::net::Ipv6Addr::LOCALHOST);
+    // `::` is a dual-stack socket (net.ipv6.bindv6only is 0 unless set otherwise), which
+    // also answers IPv4.
+    let covers = |loopback: IpAddr| listen == loopback || listen.is_unspecified() && (listen.is_ipv6() || loopback.is_ipv4());
+    [v4_loopback, v6_loopback].into_iter().filter(|&loopback| !covers(loopback)).collect()
 }
 
 /// Has `listener`'s connections use the congestion control algorithm `name`: accepted
@@ -200,6 +213,18 @@ impl Server {
             let addr = SocketAddr::new(config.listen.ip(), config.portmap_port);
             tcp.push(bind_tcp(addr).await?);
             udp.push(Arc::new(bind_udp(addr).await?));
+            for ip in loopbacks_not_covered_by(config.listen.ip()) {
+                let addr = SocketAddr::new(ip, config.portmap_port);
+                match (bind_tcp(addr).await, bind_udp(addr).await) {
+                    (Ok(t), Ok(u)) => {
+                        tcp.push(t);
+                        udp.push(Arc::new(u));
+                    }
+                    (Err(e), _) | (_, Err(e)) => {
+                        tracing::warn!(%addr, "programs on this host cannot register with the portmapper there: {e:#}")
+                    }
+                }
+            }
         }
         if let Some(name) = &config.tcp_congestion {
             for listener in &tcp {
@@ -470,6 +495,19 @@ fn raise_fd_limit() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_portmapper_also_listens_on_each_loopback_its_listen_address_misses() {
+        let loopbacks =
+            |listen: &str| -> Vec<String> { loopbacks_not_covered_by(listen.parse().unwrap()).iter().map(|ip| ip.to_string()).collect() };
+        assert_eq!(loopbacks("127.0.0.1"), ["::1"]);
+        assert_eq!(loopbacks("0.0.0.0"), ["::1"]);
+        assert_eq!(loopbacks("::1"), ["127.0.0.1"]);
+        assert_eq!(loopbacks("::"), Vec::<String>::new());
+        assert_eq!(loopbacks("127.0.0.2"), ["127.0.0.1", "::1"]);
+        assert_eq!(loopbacks("192.0.2.7"), ["127.0.0.1", "::1"]);
+        assert_eq!(loopbacks("2001:db8::7"), ["127.0.0.1", "::1"]);
+    }
 
     /// The congestion control an open TCP socket uses.
     fn congestion_control_of(fd: std::os::fd::RawFd) -> String {

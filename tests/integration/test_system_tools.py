@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,112 @@ def test_showmount_lists_exports_and_mounts(served):
     assert f"127.0.0.1:{os.path.realpath(export)}" in p.stdout.splitlines()[1:], p.stdout
 
 
+def _join(server_ns: Netns, client_ns: Netns) -> None:
+    """A network of two: a veth pair, 10.99.0.1/24 in `server_ns`, 10.99.0.2 in `client_ns`."""
+    server_if, client_if = f"nv{server_ns.name[-8:]}", f"nv{client_ns.name[-8:]}"
+    for argv in (
+        ["-n", server_ns.name, "link", "add", server_if, "type", "veth", "peer", "name", client_if, "netns", client_ns.name],
+        ["-n", server_ns.name, "addr", "add", "10.99.0.1/24", "brd", "+", "dev", server_if],
+        ["-n", client_ns.name, "addr", "add", "10.99.0.2/24", "brd", "+", "dev", client_if],
+        ["-n", server_ns.name, "link", "set", server_if, "up"],
+        ["-n", client_ns.name, "link", "set", client_if, "up"],
+    ):
+        subprocess.run(["ip", *argv], check=True, capture_output=True, timeout=30)
+
+
+def _without_system_rpcbind(*cmd: str) -> list[str]:
+    """`cmd` in a mount namespace of its own whose /run hides the socket of any rpcbind on
+    this machine (a path, which network namespaces share), so that libtirpc registers
+    and unregisters over the network, with the portmapper of the namespace it runs in."""
+    return ["unshare", "--mount", "sh", "-c", 'mount -t tmpfs tmpfs /run && exec "$@"', "sh", *cmd]
+
+
+def _rpcinfo_rows(ns: Netns, program: str) -> set[tuple[str, ...]]:
+    """(program, version, protocol, port) of `program` in `rpcinfo -p` (portmap v2 DUMP)."""
+    p = _run(ns, "rpcinfo", "-p", "127.0.0.1")
+    assert p.returncode == 0, p.stderr
+    return {tuple(line.split()[:4]) for line in p.stdout.splitlines()[1:] if line.split()[0] == program}
+
+
+@pytest.mark.skipif(shutil.which("rpc.statd") is None, reason="rpc.statd not installed (Debian package nfs-common)")
+def test_rpc_statd_registers_with_the_embedded_portmapper_and_unregisters(served, tmp_path):
+    """rpc.statd, the status monitor NFSv3 locking relies on, registers with the host's
+    portmapper through libtirpc; with `--portmap` that is nasd. libtirpc calls it at
+    `::1`, which nasd answers on although it listens on 127.0.0.1."""
+    ns, n, _ = served
+    state = tmp_path / "statd"
+    for sub in ("sm", "sm.bak"):
+        (state / sub).mkdir(parents=True)
+
+    def start_statd() -> subprocess.Popen:
+        statd = ns.popen(_without_system_rpcbind("rpc.statd", "--foreground", "--no-syslog", "--no-notify", "-P", str(state),
+                                                 "--port", "662"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(100):
+            if _rpcinfo_rows(ns, "100024") or statd.poll() is not None:
+                break
+            time.sleep(0.2)
+        return statd
+
+    def stop(statd: subprocess.Popen) -> str:
+        if statd.poll() is None:
+            statd.terminate()
+        return statd.communicate(timeout=30)[0]
+
+    statd = start_statd()
+    try:
+        assert _rpcinfo_rows(ns, "100024") == {("100024", "1", proto, "662") for proto in ("tcp", "udp")}, stop(statd)
+        p = _run(ns, "rpcinfo", "127.0.0.1")                # rpcbind v4 DUMP
+        registered = {tuple(line.split()[:4]) for line in p.stdout.splitlines() if line.split()[0] == "100024"}
+        assert registered == {("100024", "1", netid, addr) for netid, addr in
+                              (("tcp", "0.0.0.0.2.150"), ("udp", "0.0.0.0.2.150"), ("tcp6", "::.2.150"), ("udp6", "::.2.150"))}, p.stdout
+        # Clients find statd through nasd over each transport and family, and reach it.
+        for argv in (["-t", "127.0.0.1"], ["-u", "127.0.0.1"], ["-T", "tcp6", "::1"], ["-T", "udp6", "::1"]):
+            p = _run(ns, "rpcinfo", *argv, "status", "1")
+            assert p.returncode == 0 and "ready and waiting" in p.stdout, (argv, p.stdout, p.stderr)
+        # `rpcinfo -d`, libtirpc's UNSET of every transport, as root on this host.
+        p = ns.run(_without_system_rpcbind("rpcinfo", "-d", "status", "1"), capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        assert _rpcinfo_rows(ns, "100024") == set()
+        p = _run(ns, "rpcinfo", "-t", "127.0.0.1", "status", "1")
+        assert p.returncode != 0 and "not registered" in p.stderr, (p.stdout, p.stderr)
+    finally:
+        log = stop(statd)
+
+    # Started again it registers again, and going away it unregisters itself.
+    statd = start_statd()
+    try:
+        assert len(_rpcinfo_rows(ns, "100024")) == 2, log + stop(statd)
+    finally:
+        log = stop(statd)
+    assert _rpcinfo_rows(ns, "100024") == set(), log
+    assert "Failed to register" not in log, log
+
+
+def test_only_programs_on_this_host_register_with_the_portmapper(tmp_path):
+    """A SET from another host is refused (rpcbind's rule), over TCP and UDP; the same
+    SET from the server's own loopback is taken."""
+    export = make_export(tmp_path, "share")
+    with Netns() as server_ns, Netns() as client_ns:
+        _join(server_ns, client_ns)
+        with Nasd(export, netns=server_ns, host="127.0.0.1", listen="0.0.0.0", args=["--portmap"]):
+            def set_call(host: str, proto: str, version: int) -> bool:
+                with rpc.RpcClient(host, 111, proto=proto, src_addr="10.99.0.2" if host == "10.99.0.1" else None) as c:
+                    r = c.call(rpc.PMAP_PROG, version, 1, rpc.Packer().u32(100024).u32(version).u32(6).u32(662).bytes())
+                    assert r.success, r
+                    return r.unpacker().bool()
+
+            def statd_in_dump() -> bool:
+                with rpc.RpcClient("127.0.0.1", 111) as c:
+                    maps = rpc.decode_pmaplist(c.call(rpc.PMAP_PROG, 2, rpc.PMAPPROC_DUMP))
+                return any(m[0] == 100024 for m in maps)
+
+            for proto in ("tcp", "udp"):
+                assert client_ns.call(set_call, "10.99.0.1", proto, 2, timeout=30) is False, proto
+            assert server_ns.call(statd_in_dump, timeout=30) is False
+            assert server_ns.call(set_call, "127.0.0.1", "tcp", 2, timeout=30) is True
+            assert server_ns.call(statd_in_dump, timeout=30) is True
+
+
 @pytest.mark.skipif(shutil.which("nfs-ls") is None, reason="nfs-ls not installed (Debian package libnfs-utils)")
 @pytest.mark.parametrize("listen", ["0.0.0.0", "::"])
 def test_libnfs_finds_the_server_by_broadcast(tmp_path, listen):
@@ -132,15 +239,7 @@ def test_libnfs_finds_the_server_by_broadcast(tmp_path, listen):
     v4-mapped, and the reply must leave from the interface's own address."""
     export = make_export(tmp_path, "share")
     with Netns() as server_ns, Netns() as client_ns:
-        server_if, client_if = f"nv{server_ns.name[-8:]}", f"nv{client_ns.name[-8:]}"
-        for argv in (
-            ["-n", server_ns.name, "link", "add", server_if, "type", "veth", "peer", "name", client_if, "netns", client_ns.name],
-            ["-n", server_ns.name, "addr", "add", "10.99.0.1/24", "brd", "+", "dev", server_if],
-            ["-n", client_ns.name, "addr", "add", "10.99.0.2/24", "brd", "+", "dev", client_if],
-            ["-n", server_ns.name, "link", "set", server_if, "up"],
-            ["-n", client_ns.name, "link", "set", client_if, "up"],
-        ):
-            subprocess.run(["ip", *argv], check=True, capture_output=True, timeout=30)
+        _join(server_ns, client_ns)
         with Nasd(export, netns=server_ns, host="127.0.0.1", listen=listen, args=["--portmap"]) as n:
             p = _run(client_ns, "nfs-ls", "-D", "nfs://")
             assert p.returncode == 0 and p.stdout.split() == ["nfs://10.99.0.1"], (p.stdout, p.stderr, n.log()[-2000:])
