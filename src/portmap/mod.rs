@@ -4,7 +4,10 @@
 //! with no system rpcbind, and for the services other programs on this host register
 //! with SET (rpc.statd, which NFSv3 locking needs, among them). As rpcbind, it takes SET
 //! and UNSET only from local callers (a loopback source address), and never for a
-//! program this server serves itself.
+//! program this server serves itself. Every procedure of the three versions is
+//! answered, GETSTAT's statistics (`rpcinfo -m`) among them (`stats.rs`).
+
+pub mod stats;
 
 use crate::rpc::{CallContext, ProcError, RpcProgram, Transport};
 use crate::xdr::{XdrReader, XdrResult, XdrWriter};
@@ -23,8 +26,15 @@ pub mod proc {
     pub const DUMP: u32 = 4;
     /// CALLIT (v2, v3) and BCAST (v4): a call passed on to a program, mostly broadcast.
     pub const CALLIT: u32 = 5;
+    pub const GETTIME: u32 = 6;
+    /// Universal address to the transport's own (a `struct sockaddr`), and back.
+    pub const UADDR2TADDR: u32 = 7;
+    pub const TADDR2UADDR: u32 = 8;
     pub const GETVERSADDR: u32 = 9;
+    /// CALLIT that answers errors too, for calls not broadcast.
+    pub const INDIRECT: u32 = 10;
     pub const GETADDRLIST: u32 = 11;
+    pub const GETSTAT: u32 = 12;
     /// Procedure names of rpcbind v4 (v2's GETPORT is v3's and v4's GETADDR), for logs
     /// and metrics.
     pub const NAMES: [&str; 13] = [
@@ -40,6 +50,8 @@ const MAX_STR: usize = 256;
 const MAX_REGISTRATIONS: usize = 256;
 /// Arguments of a call CALLIT passes on; only NULL's, which are empty, are looked at.
 const MAX_CALLIT_ARGS: usize = 8192;
+/// A transport address: a `struct sockaddr_storage`.
+const MAX_TADDR: usize = 128;
 
 /// One service the portmapper gives the address of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,8 +119,13 @@ pub enum Args<'a> {
     Rpcb(Rpcb<'a>),
     Dump,
     GetTime,
-    /// CALLIT/BCAST: program, version, procedure (its arguments are not needed).
+    /// CALLIT/BCAST/INDIRECT: program, version, procedure (its arguments are not needed).
     CallIt(u32, u32, u32),
+    /// UADDR2TADDR: a universal address.
+    UniversalAddress(&'a [u8]),
+    /// TADDR2UADDR: a transport address (a netbuf's bytes).
+    TransportAddress(&'a [u8]),
+    GetStat,
 }
 
 impl<'a> Args<'a> {
@@ -128,8 +145,14 @@ impl<'a> Args<'a> {
             (2, 1..=3) => (|| Ok(Args::Mapping(r.u32()?, r.u32()?, r.u32()?, r.u32()?)))(),
             (3 | 4, 1..=3) | (4, proc::GETVERSADDR | proc::GETADDRLIST) => rpcb(r),
             (_, 4) => Ok(Args::Dump),
-            (3 | 4, 6) => Ok(Args::GetTime),
-            (_, proc::CALLIT) => (|| {
+            (3 | 4, proc::GETTIME) => Ok(Args::GetTime),
+            (3 | 4, proc::UADDR2TADDR) => r.opaque(MAX_STR).map(Args::UniversalAddress),
+            (3 | 4, proc::TADDR2UADDR) => (|| {
+                let _maxlen = r.u32()?;
+                Ok(Args::TransportAddress(r.opaque(MAX_TADDR)?))
+            })(),
+            (4, proc::GETSTAT) => Ok(Args::GetStat),
+            (_, proc::CALLIT) | (4, proc::INDIRECT) => (|| {
                 let call = (r.u32()?, r.u32()?, r.u32()?);
                 r.opaque(MAX_CALLIT_ARGS)?;
                 Ok(Args::CallIt(call.0, call.1, call.2))
@@ -146,11 +169,12 @@ pub struct Portmap {
     own_port: u16,
     /// Services other programs registered with SET, oldest first.
     registered: Mutex<Vec<Mapping>>,
+    stats: stats::Stats,
 }
 
 impl Portmap {
     pub fn new(nfs_port: Arc<AtomicU16>, own_port: u16) -> Self {
-        Self { nfs_port, own_port, registered: Mutex::new(Vec::new()) }
+        Self { nfs_port, own_port, registered: Mutex::new(Vec::new()), stats: stats::Stats::default() }
     }
 
     /// This server's own services, then those registered with SET.
@@ -328,6 +352,41 @@ impl Portmap {
     }
 }
 
+/// A `struct sockaddr_in` or `sockaddr_in6` as this host lays it out: what rpcbind's
+/// UADDR2TADDR answers (the family in the host's byte order, the port and address in
+/// the network's).
+fn sockaddr_bytes(ip: IpAddr, port: u16) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(28);
+    match ip {
+        IpAddr::V4(v4) => {
+            bytes.extend((libc::AF_INET as u16).to_ne_bytes());
+            bytes.extend(port.to_be_bytes());
+            bytes.extend(v4.octets());
+            bytes.extend([0; 8]);
+        }
+        IpAddr::V6(v6) => {
+            bytes.extend((libc::AF_INET6 as u16).to_ne_bytes());
+            bytes.extend(port.to_be_bytes());
+            bytes.extend([0; 4]); // flow information
+            bytes.extend(v6.octets());
+            bytes.extend([0; 4]); // scope
+        }
+    }
+    bytes
+}
+
+/// The address and port of a `struct sockaddr_in` or `sockaddr_in6` laid out as
+/// [`sockaddr_bytes`] does.
+fn sockaddr_from_bytes(bytes: &[u8]) -> Option<(IpAddr, u16)> {
+    let family = u16::from_ne_bytes(bytes.get(..2)?.try_into().ok()?);
+    let port = u16::from_be_bytes(bytes.get(2..4)?.try_into().ok()?);
+    match i32::from(family) {
+        libc::AF_INET => Some((IpAddr::from(<[u8; 4]>::try_from(bytes.get(4..8)?).ok()?), port)),
+        libc::AF_INET6 => Some((IpAddr::from(<[u8; 16]>::try_from(bytes.get(8..24)?).ok()?), port)),
+        _ => None,
+    }
+}
+
 impl RpcProgram for Portmap {
     fn program(&self) -> u32 {
         PROGRAM
@@ -339,31 +398,45 @@ impl RpcProgram for Portmap {
 
     fn call(&self, ctx: &CallContext, args: &mut XdrReader<'_>, out: &mut XdrWriter) -> Result<(), ProcError> {
         let args = Args::decode(ctx.version, ctx.procedure, args).ok_or(ProcError::ProcUnavail)??;
+        self.stats.call(ctx.version, ctx.procedure);
         // The address called, in the family the caller sees (an IPv4 client of a
         // dual-stack socket is an IPv4 client).
         let local = crate::exports::canonical_ip(ctx.local.ip());
         let protocol = Self::protocol(ctx.transport);
+        let service = |program, version, netid| stats::Service { program, version, netid };
         // As rpcbind: only programs on this host register, and only they unregister.
         let local_caller = crate::exports::canonical_ip(ctx.peer.ip()).is_loopback();
         let set_or_unset = matches!(ctx.procedure, proc::SET | proc::UNSET);
         if set_or_unset && !local_caller {
             tracing::debug!(peer = %ctx.peer, procedure = self.procedure_name(ctx.version, ctx.procedure), "portmapper change refused: not a local caller");
         }
+        let changed = |done: bool| {
+            if done {
+                self.stats.changed(ctx.version, ctx.procedure == proc::UNSET);
+            }
+            done
+        };
         match args {
             Args::Null => {}
             Args::Mapping(program, version, protocol, port) => match ctx.procedure {
-                proc::GETADDR => out.u32(self.find(program, version, protocol, local, false).map_or(0, |m| m.port.into())),
-                _ => out.bool(local_caller && self.set_or_unset_v2(ctx.procedure, program, version, protocol, port)),
+                proc::GETADDR => {
+                    let found = self.find(program, version, protocol, local, false);
+                    let netid = [(IPPROTO_TCP, "tcp"), (IPPROTO_UDP, "udp")].iter().find(|(p, _)| *p == protocol).map_or("", |(_, n)| n);
+                    self.stats.lookup(ctx.version, service(program, version, netid), found.is_some());
+                    out.u32(found.map_or(0, |m| m.port.into()));
+                }
+                _ => out.bool(changed(local_caller && self.set_or_unset_v2(ctx.procedure, program, version, protocol, port))),
             },
             Args::Rpcb(rpcb) => match ctx.procedure {
                 proc::GETADDR | proc::GETVERSADDR => {
                     // RFC 1833: the netid asked for is ignored; it is the transport's the
                     // call came in on, as rpcbind answers (libnfs sends an empty one).
                     let found = self.find(rpcb.program, rpcb.version, protocol, local, ctx.procedure == proc::GETVERSADDR);
+                    self.stats.lookup(ctx.version, service(rpcb.program, rpcb.version, Self::netid(protocol, local)), found.is_some());
                     out.opaque(found.map(|m| m.universal_address(local)).unwrap_or_default().as_bytes());
                 }
                 proc::GETADDRLIST => self.write_address_list(rpcb.program, rpcb.version, local, out),
-                _ => out.bool(local_caller && self.set_or_unset(ctx.procedure, &rpcb)),
+                _ => out.bool(changed(local_caller && self.set_or_unset(ctx.procedure, &rpcb))),
             },
             Args::Dump if ctx.version == 2 => {
                 // Portmap version 2 knows IPv4 alone.
@@ -394,13 +467,20 @@ impl RpcProgram for Portmap {
             }
             // As rpcbind, a CALLIT is answered only if the call it carries succeeds, so a
             // broadcast gets replies from the servers of the program alone (libnfs's
-            // discovery of servers gives up on any other reply). Only NULL of a program
-            // served here is run: it does nothing, and nothing is passed on.
+            // discovery of servers gives up on any other reply); an INDIRECT, never
+            // broadcast, gets an error instead. Only NULL of a program served here is
+            // run: it does nothing, and nothing is passed on.
             Args::CallIt(program, version, procedure) => {
-                let own = self
-                    .find(program, version, protocol, local, true)
-                    .filter(|m| m.registered.is_none() && procedure == 0)
-                    .ok_or(ProcError::Drop)?;
+                let indirect = ctx.version == 4 && ctx.procedure == proc::INDIRECT;
+                let own = self.find(program, version, protocol, local, true).filter(|m| m.registered.is_none() && procedure == 0);
+                self.stats.remote_call(
+                    ctx.version,
+                    service(program, version, Self::netid(protocol, local)),
+                    procedure,
+                    indirect,
+                    own.is_some(),
+                );
+                let own = own.ok_or(if indirect { ProcError::SystemErr } else { ProcError::Drop })?;
                 if ctx.version == 2 {
                     out.u32(own.port as u32);
                 } else {
@@ -412,6 +492,20 @@ impl RpcProgram for Portmap {
                 let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
                 out.u32(now as u32);
             }
+            // In the family of the transport called, as rpcbind converts with its netid;
+            // an empty netbuf or string when the address is not one of that family.
+            Args::UniversalAddress(uaddr) => {
+                let ip_and_port = std::str::from_utf8(uaddr).ok().and_then(Self::parse_universal_address);
+                let sockaddr = ip_and_port.filter(|(ip, _)| ip.is_ipv6() == local.is_ipv6()).map(|(ip, port)| sockaddr_bytes(ip, port));
+                let sockaddr = sockaddr.unwrap_or_default();
+                out.u32(sockaddr.len() as u32);
+                out.opaque(&sockaddr);
+            }
+            Args::TransportAddress(taddr) => {
+                let address = sockaddr_from_bytes(taddr).filter(|(ip, _)| ip.is_ipv6() == local.is_ipv6());
+                out.opaque(address.map(|(ip, port)| Self::universal_address(ip, port)).unwrap_or_default().as_bytes());
+            }
+            Args::GetStat => self.stats.encode(out),
         }
         Ok(())
     }
@@ -561,6 +655,69 @@ mod tests {
         assert!(!answer_bool(&unset()));
         assert_eq!(getaddr("[::1]:111", Transport::Tcp), "");
         assert!(!dump_v4(&pm, "127.0.0.1:111").iter().any(|e| e.0 == STATD));
+    }
+
+    #[test]
+    fn universal_and_transport_addresses_convert_both_ways_in_the_family_called() {
+        let pm = Portmap::new(Arc::new(AtomicU16::new(2049)), 111);
+        let to_taddr = |local, uaddr: &str| {
+            let mut w = XdrWriter::new();
+            w.opaque(uaddr.as_bytes());
+            let reply = call_from(&pm, "127.0.0.1:900", local, Transport::Udp, 4, proc::UADDR2TADDR, &w.into_inner());
+            let mut r = XdrReader::new(&reply);
+            let maxlen = r.u32().unwrap();
+            let taddr = r.opaque(MAX_TADDR).unwrap().to_vec();
+            assert_eq!(maxlen as usize, taddr.len());
+            taddr
+        };
+        let to_uaddr = |local, taddr: &[u8]| {
+            let mut w = XdrWriter::new();
+            w.u32(taddr.len() as u32);
+            w.opaque(taddr);
+            let reply = call_from(&pm, "127.0.0.1:900", local, Transport::Tcp, 3, proc::TADDR2UADDR, &w.into_inner());
+            string(&mut XdrReader::new(&reply))
+        };
+        let v4 = to_taddr("127.0.0.1:111", "127.0.0.1.2.150");
+        // struct sockaddr_in: the family in this host's order, then port and address.
+        let mut expected = (libc::AF_INET as u16).to_ne_bytes().to_vec();
+        expected.extend([2, 150, 127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(v4, expected);
+        assert_eq!(to_uaddr("127.0.0.1:111", &v4), "127.0.0.1.2.150");
+        let v6 = to_taddr("[::1]:111", "fe80::1.8.1");
+        assert_eq!(v6.len(), 28);
+        assert_eq!(to_uaddr("[::1]:111", &v6), "fe80::1.8.1");
+        // Another family than the transport's, or no address: empty.
+        assert_eq!(to_taddr("127.0.0.1:111", "::1.8.1"), b"");
+        assert_eq!(to_taddr("127.0.0.1:111", "nonsense"), b"");
+        assert_eq!(to_uaddr("127.0.0.1:111", &v6), "");
+        assert_eq!(to_uaddr("127.0.0.1:111", &[1, 2, 3]), "");
+    }
+
+    #[test]
+    fn indirect_answers_a_null_of_a_program_served_here_and_an_error_otherwise() {
+        let pm = Portmap::new(Arc::new(AtomicU16::new(2049)), 111);
+        let ctx = CallContext {
+            xid: 1,
+            program: PROGRAM,
+            version: 4,
+            procedure: proc::INDIRECT,
+            credential: crate::rpc::Credential::None,
+            peer: "127.0.0.1:900".parse().unwrap(),
+            local: "127.0.0.1:111".parse().unwrap(),
+            transport: Transport::Tcp,
+            may_block: false,
+            early_reply: None,
+        };
+        let run = |args: &[u8]| {
+            let mut out = XdrWriter::new();
+            pm.call(&ctx, &mut XdrReader::new(args), &mut out).map(|()| out.into_inner())
+        };
+        let reply = run(&callit(100003, 3, 0)).expect("answered");
+        let mut r = XdrReader::new(&reply);
+        assert_eq!((string(&mut r), r.opaque(8).unwrap(), r.remaining()), ("127.0.0.1.8.1".to_string(), &b""[..], 0));
+        // Not dropped as a broadcast's would be: the caller hears why.
+        assert_eq!(run(&callit(100003, 3, 1)), Err(ProcError::SystemErr));
+        assert_eq!(run(&callit(100021, 4, 0)), Err(ProcError::SystemErr));
     }
 
     #[test]

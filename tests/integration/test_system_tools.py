@@ -72,6 +72,30 @@ def test_rpcinfo_finds_nfs_and_mount_through_the_embedded_portmapper(served):
     assert "low version = 3, high version = 3" in p.stderr, (p.stdout, p.stderr)
 
 
+def test_rpcinfo_m_shows_the_lookups_and_calls_the_portmapper_answered(served):
+    """rpcbind's statistics (GETSTAT), as `rpcinfo -m` prints them: calls per procedure
+    and version, and each service looked up, found or not."""
+    ns, _, _ = served
+    assert _run(ns, "rpcinfo", "-p", "127.0.0.1").returncode == 0        # portmap v2 DUMP
+    assert _run(ns, "rpcinfo", "-t", "127.0.0.1", "nfs", "3").returncode == 0
+    assert _run(ns, "rpcinfo", "-u", "127.0.0.1", "mountd", "3").returncode == 0
+    assert _run(ns, "rpcinfo", "-t", "127.0.0.1", "100099", "1").returncode != 0   # not served
+    p = _run(ns, "rpcinfo", "-m", "127.0.0.1")
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    v2 = dict(zip(lines[lines.index("PORTMAP (version 2) statistics") + 1].split(),
+                  lines[lines.index("PORTMAP (version 2) statistics") + 2].split()))
+    assert v2["DUMP"] == "1", p.stdout
+    table = lines[lines.index("RPCB_GETADDR (version 4) call statistics") + 2:]
+    lookups = {tuple(line.split()) for line in table if line.strip()}
+    for row in (("nfs", "3", "tcp", "1", "0"), ("mountd", "3", "udp", "1", "0"), ("100099", "1", "tcp", "0", "1")):
+        assert row in lookups, p.stdout
+    v4 = lines[lines.index("RPCBIND (version 4) statistics") + 1:]
+    found, asked = map(int, dict(zip(v4[0].split(), v4[1].split()))["GETADDR"].split("/"))
+    assert asked - found == 1 and found >= 3, p.stdout
+    assert dict(zip(v4[2].split(), v4[3].split()))["GETSTAT"] == "1", p.stdout
+
+
 def test_rpcinfo_over_udp_is_refused_to_a_source_no_export_admits(served, tmp_path):
     """The portmapper's dump is far larger than the call asking for it; over UDP, whose
     source can be forged, only clients a rule names get it, not those only `*` admits
