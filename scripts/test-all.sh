@@ -13,6 +13,13 @@ else
   echo "skipped: this toolchain has no rustfmt (cargo fmt), so the format cannot be checked"
 fi
 
+echo "== lints (clippy; warnings fail the run)"
+if cargo clippy --version >/dev/null 2>&1; then
+  cargo clippy --release --locked --all-targets -- -D warnings && (cd fuzz && cargo clippy --locked -- -D warnings)
+else
+  echo "skipped: this toolchain has no clippy, so the lints cannot be checked"
+fi
+
 echo "== build"
 cargo build --release --locked
 

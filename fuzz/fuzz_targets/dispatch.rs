@@ -75,11 +75,11 @@ fn world() -> &'static World {
         let fh = state.file_handle(&rt, &root);
         let mut root_opaque = (fh.len() as u32).to_be_bytes().to_vec();
         root_opaque.extend_from_slice(&fh);
-        root_opaque.resize(4 + (fh.len() + 3) / 4 * 4, 0);
+        root_opaque.resize(4 + fh.len().div_ceil(4) * 4, 0);
         let path = dir.path().as_os_str().as_encoded_bytes();
         let mut export_opaque = (path.len() as u32).to_be_bytes().to_vec();
         export_opaque.extend_from_slice(path);
-        export_opaque.resize(4 + (path.len() + 3) / 4 * 4, 0);
+        export_opaque.resize(4 + path.len().div_ceil(4) * 4, 0);
         let programs: Vec<Arc<dyn RpcProgram>> = vec![
             Arc::new(Nfs3::new(state.clone())),
             Arc::new(Mount3::new(state.clone())),

@@ -21,15 +21,10 @@ fuzz_target!(|data: &[u8]| {
             let mut r = tokio::io::BufReader::with_capacity([4usize, 64, 8192][sel as usize % 3], stream);
             let mut buf = Vec::new();
             let mut records = 0usize;
-            loop {
-                match read_record(&mut r, &limits, &mut buf).await {
-                    Ok(true) => {
-                        assert!(buf.len() <= limits.max_record);
-                        records += 1;
-                        assert!(records <= stream.len() / 4 + 1);
-                    }
-                    Ok(false) | Err(_) => break,
-                }
+            while let Ok(true) = read_record(&mut r, &limits, &mut buf).await {
+                assert!(buf.len() <= limits.max_record);
+                records += 1;
+                assert!(records <= stream.len() / 4 + 1);
             }
             // Memory follows the data: never more than what arrived (plus one chunk).
             assert!(buf.capacity() <= stream.len() + 64 * 1024);

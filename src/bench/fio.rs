@@ -129,7 +129,7 @@ pub fn shell_join(argv: &[String]) -> String {
 
 pub fn fmt_size(b: u64) -> String {
     for (unit, m) in [("g", 1u64 << 30), ("m", 1 << 20), ("k", 1 << 10)] {
-        if b >= m && b % m == 0 {
+        if b >= m && b.is_multiple_of(m) {
             return format!("{}{unit}", b / m);
         }
     }
@@ -651,14 +651,14 @@ Failed NFS operation(code:-14)
             &format!("#!/bin/sh\nhead -c 300000 /dev/zero | tr '\\0' ' '\ntouch \"$1\"\ncat {}\n", json.display()),
         );
         let markers: Vec<String> = (0..2).map(|i| dir.path().join(format!("past-output-{i}")).display().to_string()).collect();
-        let running: Vec<Running> = markers.iter().map(|m| spawn(&script, &[m.clone()]).unwrap()).collect();
+        let running: Vec<Running> = markers.iter().map(|m| spawn(&script, std::slice::from_ref(m)).unwrap()).collect();
         let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while !markers.iter().all(|m| Path::new(m).exists()) {
             assert!(std::time::Instant::now() < end, "a client stayed blocked on its output while nobody waited for it");
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         for (r, m) in running.into_iter().zip(&markers) {
-            let run = wait(r, &[m.clone()], Deadlines { measures: 0, runtime: 0, exit_grace: 0, stuck: 30 }).unwrap();
+            let run = wait(r, std::slice::from_ref(m), Deadlines { measures: 0, runtime: 0, exit_grace: 0, stuck: 30 }).unwrap();
             assert_eq!(run.result.read.ios, 1000);
         }
     }

@@ -189,7 +189,7 @@ pub fn diff(before: &Snapshot, after: &Snapshot) -> ServerFigures {
             p99_us: quantile(&buckets, 0.99) * 1e6,
         });
     }
-    procs.sort_by(|x, y| y.calls.cmp(&x.calls));
+    procs.sort_by_key(|p| std::cmp::Reverse(p.calls));
     ServerFigures {
         procs,
         read_bytes: (after.read_bytes - before.read_bytes).max(0.0) as u64,

@@ -537,9 +537,9 @@ mod tests {
         let order = run_order(&j, 3);
         // every step of every repetition exactly once, each job's repetitions in order
         assert_eq!(order.len(), 3 * j.len());
-        for i in 0..j.len() {
+        for (i, job) in j.iter().enumerate() {
             let reps: Vec<u32> = order.iter().filter(|(_, k)| *k == i).map(|(r, _)| *r).collect();
-            assert_eq!(reps, [0, 1, 2], "{}", j[i].name);
+            assert_eq!(reps, [0, 1, 2], "{}", job.name);
         }
         let op = |i: usize| match j[i].kind {
             JobKind::Meta { op, .. } => op,

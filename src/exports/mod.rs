@@ -397,7 +397,7 @@ fn make_room(names: &mut HashMap<IpAddr, KnownName>, keep: usize) {
 
 /// Keeps the higher-ranked rule; on a tie the earlier one.
 fn prefer<'a>(best: &mut Option<(u32, &'a ExportOptions)>, rank: u32, options: &'a ExportOptions) {
-    if best.map_or(true, |(b, _)| rank > b) {
+    if best.is_none_or(|(b, _)| rank > b) {
         *best = Some((rank, options));
     }
 }

@@ -73,6 +73,10 @@ impl MountList {
         self.mounts.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.mounts.is_empty()
+    }
+
     fn of_client<'a>(&'a self, host: &'a str) -> impl Iterator<Item = (&'a Mount, &'a u64)> + 'a {
         self.mounts.range((host.to_string(), String::new())..).take_while(move |((h, _), _)| h == host)
     }

@@ -62,7 +62,7 @@ impl BusyPoll {
         if self.window.is_zero() {
             return false;
         }
-        let declined = if !last_wait.is_some_and(|w| w <= self.window * TIGHT_LOOP_FACTOR) {
+        let declined = if last_wait.is_none_or(|w| w > self.window * TIGHT_LOOP_FACTOR) {
             Some(PollDeclined::ClientNotInTightLoop)
         } else if !self.cpu.has_spare() {
             Some(PollDeclined::NoSpareCpu)

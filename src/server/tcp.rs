@@ -797,7 +797,7 @@ mod tests {
 
     /// Every third test reply carries file data (unaligned, so padding follows it).
     fn is_file_reply(id: u32) -> bool {
-        id % 3 == 0
+        id.is_multiple_of(3)
     }
 
     fn payload_len(id: u32) -> usize {

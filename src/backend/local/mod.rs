@@ -972,7 +972,7 @@ impl LocalFs {
         // next WRITEs to threads that may wait, until the kernel has caught up
         // (`rpc::held_up`).
         const PAGE: u64 = 4096;
-        let whole_pages = offset % PAGE == 0 && data.len() as u64 % PAGE == 0;
+        let whole_pages = offset.is_multiple_of(PAGE) && (data.len() as u64).is_multiple_of(PAGE);
         if !(whole_pages || offset >= size) {
             return Err(VfsError::WouldBlock);
         }
@@ -1301,7 +1301,7 @@ impl Vfs for LocalFs {
 
     fn write(&self, cred: &Cred, id: &ObjectId, offset: u64, data: &[u8], stable: Stability, blocking: Blocking) -> VfsResult<WriteResult> {
         let _modifying = self.modifying();
-        if offset.checked_add(data.len() as u64).map_or(true, |end| end > i64::MAX as u64) {
+        if offset.checked_add(data.len() as u64).is_none_or(|end| end > i64::MAX as u64) {
             return Err(VfsError::FBig);
         }
         // In an `async` export every write is reported stable without waiting for the disk.
