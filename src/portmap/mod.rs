@@ -71,6 +71,9 @@ pub struct RegisteredAt {
     /// The address it gave; the unspecified address (`0.0.0.0`, `::`) for all of its
     /// family, answered as the address called.
     pub ip: IpAddr,
+    /// Registered from a reserved port, which only root binds (libtirpc's and glibc's
+    /// clients of rpcbind bind one when they can): only such a caller unregisters it.
+    pub privileged: bool,
 }
 
 impl Mapping {
@@ -213,26 +216,33 @@ impl Portmap {
 
     /// Registers `mapping` for another program, as SET does: refused (false) for a
     /// program served here, for one already registered at that version over that
-    /// netid, and once the table is full.
+    /// netid, for a reserved port claimed by a caller that could not have bound it, and
+    /// once the table is full.
     fn register(&self, mapping: Mapping) -> bool {
+        let Some(at) = mapping.registered else { return false };
         let mut registered = self.registrations();
         let taken = registered.iter().any(|m| {
             (m.program, m.version, m.protocol) == (mapping.program, mapping.version, mapping.protocol)
-                && m.registered.map(|at| at.ip.is_ipv6()) == mapping.registered.map(|at| at.ip.is_ipv6())
+                && m.registered.is_some_and(|other| other.ip.is_ipv6() == at.ip.is_ipv6())
         });
-        if self.serves(mapping.program) || taken || registered.len() >= MAX_REGISTRATIONS {
+        let port_claimed_falsely = mapping.port < 1024 && !at.privileged;
+        if self.serves(mapping.program) || taken || port_claimed_falsely || registered.len() >= MAX_REGISTRATIONS {
             return false;
         }
         registered.push(mapping);
         true
     }
 
-    /// Removes the registrations of `program` `version` that `which` selects, as UNSET
-    /// does; false if there was none.
-    fn unregister(&self, program: u32, version: u32, which: impl Fn(&Mapping) -> bool) -> bool {
+    /// Removes the registrations of `program` `version` that `which` selects (by where
+    /// they are and their protocol), as UNSET does; those made from a reserved port only
+    /// for a `privileged` caller. False if none was removed.
+    fn unregister(&self, program: u32, version: u32, privileged: bool, which: impl Fn(RegisteredAt, u32) -> bool) -> bool {
         let mut registered = self.registrations();
         let before = registered.len();
-        registered.retain(|m| !(m.program == program && m.version == version && which(m)));
+        registered.retain(|m| {
+            let at = m.registered.expect("registrations only");
+            !(m.program == program && m.version == version && which(at, m.protocol) && (privileged || !at.privileged))
+        });
         registered.len() < before
     }
 
@@ -275,37 +285,39 @@ impl Portmap {
         }
     }
 
-    /// SET or UNSET of rpcbind versions 3 and 4, from a local caller.
-    fn set_or_unset(&self, procedure: u32, rpcb: &Rpcb<'_>) -> bool {
+    /// SET or UNSET of rpcbind versions 3 and 4, from a local caller, `privileged` if
+    /// from a reserved port.
+    fn set_or_unset(&self, procedure: u32, rpcb: &Rpcb<'_>, privileged: bool) -> bool {
         let netid = Self::parse_netid(rpcb.netid);
         if procedure == proc::UNSET {
             // An empty netid unsets every transport, as rpcbind does.
             return !self.serves(rpcb.program)
                 && (rpcb.netid.is_empty() || netid.is_some())
-                && self.unregister(rpcb.program, rpcb.version, |m| {
-                    netid.is_none_or(|(protocol, v6)| m.protocol == protocol && m.registered.is_some_and(|at| at.ip.is_ipv6() == v6))
+                && self.unregister(rpcb.program, rpcb.version, privileged, |at, protocol| {
+                    netid.is_none_or(|(netid_protocol, v6)| protocol == netid_protocol && at.ip.is_ipv6() == v6)
                 });
         }
+        // An IPv4-mapped address is IPv4's, whatever netid names it.
         let address = std::str::from_utf8(rpcb.addr).ok().and_then(Self::parse_universal_address);
-        match (netid, address) {
+        match (netid, address.map(|(ip, port)| (crate::exports::canonical_ip(ip), port))) {
             (Some((protocol, v6)), Some((ip, port))) if ip.is_ipv6() == v6 => self.register(Mapping {
                 program: rpcb.program,
                 version: rpcb.version,
                 protocol,
                 port,
-                registered: Some(RegisteredAt { ip }),
+                registered: Some(RegisteredAt { ip, privileged }),
             }),
             _ => false,
         }
     }
 
-    /// SET or UNSET of portmap version 2, from a local caller: IPv4 services on every
-    /// address; UNSET removes both transports.
-    fn set_or_unset_v2(&self, procedure: u32, program: u32, version: u32, protocol: u32, port: u32) -> bool {
+    /// SET or UNSET of portmap version 2, from a local caller, `privileged` if from a
+    /// reserved port: IPv4 services on every address; UNSET removes both transports.
+    fn set_or_unset_v2(&self, procedure: u32, program: u32, version: u32, protocol: u32, port: u32, privileged: bool) -> bool {
         if procedure == proc::UNSET {
-            return !self.serves(program) && self.unregister(program, version, |m| m.registered.is_some_and(|at| at.ip.is_ipv4()));
+            return !self.serves(program) && self.unregister(program, version, privileged, |at, _| at.ip.is_ipv4());
         }
-        let registered = Some(RegisteredAt { ip: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED) });
+        let registered = Some(RegisteredAt { ip: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), privileged });
         match (protocol, u16::try_from(port)) {
             (IPPROTO_TCP | IPPROTO_UDP, Ok(port)) => self.register(Mapping { program, version, protocol, port, registered }),
             _ => false,
@@ -404,8 +416,11 @@ impl RpcProgram for Portmap {
         let local = crate::exports::canonical_ip(ctx.local.ip());
         let protocol = Self::protocol(ctx.transport);
         let service = |program, version, netid| stats::Service { program, version, netid };
-        // As rpcbind: only programs on this host register, and only they unregister.
-        let local_caller = crate::exports::canonical_ip(ctx.peer.ip()).is_loopback();
+        // As rpcbind: only programs on this host register, and only they unregister. Both
+        // ends on loopback: a datagram's source alone could be forged where the kernel
+        // routes loopback sources from outside (`route_localnet`).
+        let local_caller = crate::exports::canonical_ip(ctx.peer.ip()).is_loopback() && local.is_loopback();
+        let privileged = ctx.peer.port() < 1024;
         let set_or_unset = matches!(ctx.procedure, proc::SET | proc::UNSET);
         if set_or_unset && !local_caller {
             tracing::debug!(peer = %ctx.peer, procedure = self.procedure_name(ctx.version, ctx.procedure), "portmapper change refused: not a local caller");
@@ -420,12 +435,13 @@ impl RpcProgram for Portmap {
             Args::Null => {}
             Args::Mapping(program, version, protocol, port) => match ctx.procedure {
                 proc::GETADDR => {
-                    let found = self.find(program, version, protocol, local, false);
+                    // Version 2 knows IPv4 services alone, whatever transport it is called over.
+                    let found = self.find(program, version, protocol, std::net::Ipv4Addr::UNSPECIFIED.into(), false);
                     let netid = [(IPPROTO_TCP, "tcp"), (IPPROTO_UDP, "udp")].iter().find(|(p, _)| *p == protocol).map_or("", |(_, n)| n);
                     self.stats.lookup(ctx.version, service(program, version, netid), found.is_some());
                     out.u32(found.map_or(0, |m| m.port.into()));
                 }
-                _ => out.bool(changed(local_caller && self.set_or_unset_v2(ctx.procedure, program, version, protocol, port))),
+                _ => out.bool(changed(local_caller && self.set_or_unset_v2(ctx.procedure, program, version, protocol, port, privileged))),
             },
             Args::Rpcb(rpcb) => match ctx.procedure {
                 proc::GETADDR | proc::GETVERSADDR => {
@@ -436,7 +452,7 @@ impl RpcProgram for Portmap {
                     out.opaque(found.map(|m| m.universal_address(local)).unwrap_or_default().as_bytes());
                 }
                 proc::GETADDRLIST => self.write_address_list(rpcb.program, rpcb.version, local, out),
-                _ => out.bool(changed(local_caller && self.set_or_unset(ctx.procedure, &rpcb))),
+                _ => out.bool(changed(local_caller && self.set_or_unset(ctx.procedure, &rpcb, privileged))),
             },
             Args::Dump if ctx.version == 2 => {
                 // Portmap version 2 knows IPv4 alone.
@@ -649,6 +665,9 @@ mod tests {
         assert!(answer_bool(&v2(proc::UNSET, &mapping(STATD, 1, 0, 0))));
         assert_eq!((getport(IPPROTO_TCP), getport(IPPROTO_UDP)), (0, 0));
         assert_eq!(getaddr("[::1]:111", Transport::Tcp), "::1.2.152");
+        // Version 2 knows IPv4 services alone, even called over IPv6.
+        let getport_v6 = call_from(&pm, "[::1]:900", "[::1]:111", Transport::Tcp, 2, proc::GETADDR, &mapping(STATD, 1, IPPROTO_TCP, 0));
+        assert_eq!(XdrReader::new(&getport_v6).u32().unwrap(), 0);
         // Version 4's with no netid removes every transport; once.
         let unset = || call_from(&pm, local, "127.0.0.1:111", Transport::Tcp, 4, proc::UNSET, &rpcb(STATD, 1, ""));
         assert!(answer_bool(&unset()));
@@ -730,6 +749,9 @@ mod tests {
         for remote in ["10.0.0.9:900", "[::ffff:192.168.1.2]:900", "[2001:db8::1]:900"] {
             assert!(!set(remote, &statd), "{remote}");
         }
+        // A loopback source on a datagram that came to another address is not local.
+        let to_outside = call_from(&pm, "127.0.0.1:900", "10.0.0.1:111", Transport::Udp, 4, proc::SET, &statd);
+        assert!(!answer_bool(&to_outside));
         assert!(!dump_v4(&pm, "127.0.0.1:111").iter().any(|e| e.0 == STATD));
         assert!(set("[::ffff:127.0.0.1]:900", &statd));
         assert!(!set("127.0.0.1:900", &statd), "already registered at that version and netid");
@@ -750,6 +772,7 @@ mod tests {
             ("tcp", "localhost.2.150"),
             ("tcp", "0.0.0.0.2"),
             ("tcp6", "127.0.0.1.2.150"),
+            ("tcp6", "::ffff:127.0.0.1.2.150"),
             ("udp", "::1.2.150"),
         ] {
             assert!(!set("127.0.0.1:900", &rpcb_at(STATD, 3, netid, uaddr)), "{netid} {uaddr}");
@@ -762,11 +785,29 @@ mod tests {
         assert!(!v2_set(IPPROTO_TCP, 70000), "no such port");
 
         // The table is bounded.
-        let mut version = 100;
-        while set("127.0.0.1:900", &rpcb_at(STATD, version, "udp", "0.0.0.0.2.151")) {
-            version += 1;
+        for version in 100..100 + 2 * MAX_REGISTRATIONS as u32 {
+            set("127.0.0.1:900", &rpcb_at(STATD, version, "udp", "0.0.0.0.2.151"));
         }
         assert_eq!(pm.registrations().len(), MAX_REGISTRATIONS);
+    }
+
+    #[test]
+    fn a_registration_from_a_reserved_port_is_unregistered_only_from_one() {
+        let pm = Portmap::new(Arc::new(AtomicU16::new(2049)), 111);
+        let change = |procedure, peer, args: &[u8]| answer_bool(&call_from(&pm, peer, "127.0.0.1:111", Transport::Tcp, 4, procedure, args));
+        let (root, user) = ("127.0.0.1:797", "127.0.0.1:40000");
+        // A caller that could not bind a reserved port cannot claim one.
+        assert!(!change(proc::SET, user, &rpcb_at(STATD, 1, "tcp", "0.0.0.0.2.150")));
+        assert!(change(proc::SET, root, &rpcb_at(STATD, 1, "tcp", "0.0.0.0.2.150")));
+        assert!(!change(proc::UNSET, user, &rpcb(STATD, 1, "")), "statd's registration is root's");
+        assert!(dump_v4(&pm, "127.0.0.1:111").iter().any(|e| e.0 == STATD));
+        // Any local caller registers an unreserved port, and root unregisters it too.
+        assert!(change(proc::SET, user, &rpcb_at(400_000, 1, "tcp", "0.0.0.0.156.65")));
+        assert!(change(proc::UNSET, root, &rpcb(400_000, 1, "tcp")));
+        assert!(change(proc::SET, user, &rpcb_at(400_000, 1, "tcp", "0.0.0.0.156.65")));
+        assert!(change(proc::UNSET, user, &rpcb(400_000, 1, "")));
+        assert!(change(proc::UNSET, root, &rpcb(STATD, 1, "")));
+        assert!(!dump_v4(&pm, "127.0.0.1:111").iter().any(|e| e.0 == STATD || e.0 == 400_000));
     }
 
     /// An rpcb argument for `program` and `version` naming `netid`.

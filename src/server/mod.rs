@@ -106,12 +106,13 @@ async fn bind_tcp(addr: SocketAddr) -> anyhow::Result<TcpListener> {
 /// on. The portmapper listens there too, as rpcbind listens on every address: programs
 /// on this host register with it there (libtirpc's `rpcb_set`, which rpc.statd calls,
 /// goes to `::1`; portmap version 2 clients to `127.0.0.1`).
-fn loopbacks_not_covered_by(listen: IpAddr) -> Vec<IpAddr> {
+/// `dual_stack`: whether a socket on `::` also answers IPv4 (net.ipv6.bindv6only is 0).
+fn loopbacks_not_covered_by(listen: IpAddr, dual_stack: bool) -> Vec<IpAddr> {
     let v4_loopback = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
     let v6_loopback = IpAddr::V6(std::net::Ipv6Addr::LOCALHOST);
-    // `::` is a dual-stack socket (net.ipv6.bindv6only is 0 unless set otherwise), which
-    // also answers IPv4.
-    let covers = |loopback: IpAddr| listen == loopback || listen.is_unspecified() && (listen.is_ipv6() || loopback.is_ipv4());
+    let covers = |loopback: IpAddr| {
+        listen == loopback || listen.is_unspecified() && (listen.is_ipv6() == loopback.is_ipv6() || listen.is_ipv6() && dual_stack)
+    };
     [v4_loopback, v6_loopback].into_iter().filter(|&loopback| !covers(loopback)).collect()
 }
 
@@ -213,7 +214,9 @@ impl Server {
             let addr = SocketAddr::new(config.listen.ip(), config.portmap_port);
             tcp.push(bind_tcp(addr).await?);
             udp.push(Arc::new(bind_udp(addr).await?));
-            for ip in loopbacks_not_covered_by(config.listen.ip()) {
+            // Sockets on `::` take both families unless the machine says otherwise.
+            let dual_stack = std::fs::read_to_string("/proc/sys/net/ipv6/bindv6only").map_or(true, |v| v.trim() == "0");
+            for ip in loopbacks_not_covered_by(config.listen.ip(), dual_stack) {
                 let addr = SocketAddr::new(ip, config.portmap_port);
                 match (bind_tcp(addr).await, bind_udp(addr).await) {
                     (Ok(t), Ok(u)) => {
@@ -498,8 +501,9 @@ mod tests {
 
     #[test]
     fn the_portmapper_also_listens_on_each_loopback_its_listen_address_misses() {
-        let loopbacks =
-            |listen: &str| -> Vec<String> { loopbacks_not_covered_by(listen.parse().unwrap()).iter().map(|ip| ip.to_string()).collect() };
+        let loopbacks = |listen: &str| -> Vec<String> {
+            loopbacks_not_covered_by(listen.parse().unwrap(), true).iter().map(|ip| ip.to_string()).collect()
+        };
         assert_eq!(loopbacks("127.0.0.1"), ["::1"]);
         assert_eq!(loopbacks("0.0.0.0"), ["::1"]);
         assert_eq!(loopbacks("::1"), ["127.0.0.1"]);
@@ -507,6 +511,9 @@ mod tests {
         assert_eq!(loopbacks("127.0.0.2"), ["127.0.0.1", "::1"]);
         assert_eq!(loopbacks("192.0.2.7"), ["127.0.0.1", "::1"]);
         assert_eq!(loopbacks("2001:db8::7"), ["127.0.0.1", "::1"]);
+        // Where `::` is IPv6 alone (net.ipv6.bindv6only = 1).
+        assert_eq!(loopbacks_not_covered_by("::".parse().unwrap(), false), ["127.0.0.1".parse::<IpAddr>().unwrap()]);
+        assert_eq!(loopbacks_not_covered_by("0.0.0.0".parse().unwrap(), false), ["::1".parse::<IpAddr>().unwrap()]);
     }
 
     /// The congestion control an open TCP socket uses.

@@ -273,14 +273,17 @@ fn guarded_answer<'a>(shared: &Shared, peer: SocketAddr, call: &[u8], reply: &'a
     refusal_within(call_len, reply).map(Cow::Owned)
 }
 
-/// Whether `call` asks for a listing: portmap's or rpcbind's DUMP or GETADDRLIST, MOUNT's
-/// DUMP or EXPORT (procedure numbers of every version served).
+/// Whether `call` asks for a listing: portmap's or rpcbind's DUMP, GETADDRLIST or GETSTAT,
+/// MOUNT's DUMP or EXPORT (procedure numbers of every version served).
 fn is_listing(call: &[u8]) -> bool {
     let word = |at: usize| call.get(at..at + 4).map(|w| u32::from_be_bytes(w.try_into().expect("4 bytes")));
     // xid, CALL, rpcvers, prog, vers, proc
     match (word(12), word(20)) {
-        // GETADDRLIST too: a few entries, but twice to three times its call.
-        (Some(crate::portmap::PROGRAM), Some(proc)) => proc == crate::portmap::proc::DUMP || proc == crate::portmap::proc::GETADDRLIST,
+        // GETADDRLIST too: a few entries, but twice to three times its call. GETSTAT's
+        // lists grow with the services anyone asks for.
+        (Some(crate::portmap::PROGRAM), Some(proc)) => {
+            [crate::portmap::proc::DUMP, crate::portmap::proc::GETADDRLIST, crate::portmap::proc::GETSTAT].contains(&proc)
+        }
         (Some(crate::mount3::PROGRAM), Some(proc)) => proc == crate::mount3::proc::DUMP || proc == crate::mount3::proc::EXPORT,
         _ => false,
     }
@@ -356,6 +359,7 @@ mod tests {
             assert!(is_listing(&call(pmap, vers, 4)), "portmap v{vers} DUMP");
             assert!(!is_listing(&call(pmap, vers, 3)), "portmap v{vers} GETPORT/GETADDR");
             assert!(is_listing(&call(pmap, vers, crate::portmap::proc::GETADDRLIST)), "rpcbind v{vers} GETADDRLIST");
+            assert!(is_listing(&call(pmap, vers, crate::portmap::proc::GETSTAT)), "rpcbind v{vers} GETSTAT");
         }
         assert!(is_listing(&call(mount, 3, crate::mount3::proc::DUMP)));
         assert!(is_listing(&call(mount, 3, crate::mount3::proc::EXPORT)));

@@ -116,6 +116,15 @@ def test_rpcinfo_over_udp_is_refused_to_a_source_no_export_admits(served, tmp_pa
     refused = _run(ns, "rpcinfo", "-T", "udp", "-s", "127.0.0.1")
     assert refused.returncode != 0 and "too weak" in refused.stderr, (refused.stdout, refused.stderr)
     assert _run(ns, "rpcinfo", "-T", "tcp", "-s", "127.0.0.1").returncode == 0
+
+    # rpcbind's statistics (GETSTAT, whose lists grow with what anyone asks for) too;
+    # `rpcinfo -m` asks over TCP whatever -T says, so the call is sent here.
+    def getstat_over_udp():
+        with rpc.RpcClient("127.0.0.1", 111, proto="udp") as c:
+            xid, call = c.build(rpc.PMAP_PROG, 4, 12)
+            return c.call_raw(call, xid)
+    refused = ns.call(getstat_over_udp, timeout=30)
+    assert not refused.accepted and (refused.reject_stat, refused.auth_stat) == (rpc.AUTH_ERROR, rpc.AUTH_TOOWEAK)
     p = _run(ns, "showmount", "-e", "127.0.0.1") if shutil.which("showmount") else None
     assert p is None or (p.returncode == 0 and "*" in p.stdout), (p.stdout, p.stderr)
 
@@ -230,15 +239,16 @@ def test_rpc_statd_registers_with_the_embedded_portmapper_and_unregisters(served
 
 
 def test_only_programs_on_this_host_register_with_the_portmapper(tmp_path):
-    """A SET from another host is refused (rpcbind's rule), over TCP and UDP; the same
-    SET from the server's own loopback is taken."""
+    """A SET or UNSET from another host is refused (rpcbind's rule), over TCP and UDP,
+    even from a reserved port; the same SET from the server's own loopback is taken."""
     export = make_export(tmp_path, "share")
     with Netns() as server_ns, Netns() as client_ns:
         _join(server_ns, client_ns)
         with Nasd(export, netns=server_ns, host="127.0.0.1", listen="0.0.0.0", args=["--portmap"]):
-            def set_call(host: str, proto: str, version: int) -> bool:
-                with rpc.RpcClient(host, 111, proto=proto, src_addr="10.99.0.2" if host == "10.99.0.1" else None) as c:
-                    r = c.call(rpc.PMAP_PROG, version, 1, rpc.Packer().u32(100024).u32(version).u32(6).u32(662).bytes())
+            def change(host: str, proto: str, procedure: int) -> bool:
+                src_addr = "10.99.0.2" if host == "10.99.0.1" else None
+                with rpc.RpcClient(host, 111, proto=proto, src_addr=src_addr, src_port="privileged") as c:
+                    r = c.call(rpc.PMAP_PROG, 2, procedure, rpc.Packer().u32(100024).u32(1).u32(6).u32(662).bytes())
                     assert r.success, r
                     return r.unpacker().bool()
 
@@ -247,11 +257,17 @@ def test_only_programs_on_this_host_register_with_the_portmapper(tmp_path):
                     maps = rpc.decode_pmaplist(c.call(rpc.PMAP_PROG, 2, rpc.PMAPPROC_DUMP))
                 return any(m[0] == 100024 for m in maps)
 
+            SET, UNSET = 1, 2
             for proto in ("tcp", "udp"):
-                assert client_ns.call(set_call, "10.99.0.1", proto, 2, timeout=30) is False, proto
+                assert client_ns.call(change, "10.99.0.1", proto, SET, timeout=30) is False, proto
             assert server_ns.call(statd_in_dump, timeout=30) is False
-            assert server_ns.call(set_call, "127.0.0.1", "tcp", 2, timeout=30) is True
+            assert server_ns.call(change, "127.0.0.1", "tcp", SET, timeout=30) is True
             assert server_ns.call(statd_in_dump, timeout=30) is True
+            for proto in ("tcp", "udp"):
+                assert client_ns.call(change, "10.99.0.1", proto, UNSET, timeout=30) is False, proto
+            assert server_ns.call(statd_in_dump, timeout=30) is True
+            assert server_ns.call(change, "127.0.0.1", "udp", UNSET, timeout=30) is True
+            assert server_ns.call(statd_in_dump, timeout=30) is False
 
 
 @pytest.mark.skipif(shutil.which("nfs-ls") is None, reason="nfs-ls not installed (Debian package libnfs-utils)")

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -47,6 +48,7 @@ class NasdError(RuntimeError):
 # Ports handed out by this process, not handed out again: two picks in a row (a server's
 # NFS and MOUNT ports) must differ even though nothing listens on the first yet.
 _handed_out: set[int] = set()
+_handing_out = threading.Lock()
 
 
 def _ephemeral_range() -> tuple[int, int]:
@@ -68,17 +70,18 @@ def free_port(host: str = "127.0.0.1") -> int:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     candidates = list(range(max(1024, low - 12000), low))
     random.shuffle(candidates)
-    for port in candidates:
-        if port in _handed_out:
-            continue
-        try:
-            for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
-                with socket.socket(family, kind) as s:
-                    s.bind((host, port))
-        except OSError:
-            continue
-        _handed_out.add(port)
-        return port
+    with _handing_out:
+        for port in candidates:
+            if port in _handed_out:
+                continue
+            try:
+                for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+                    with socket.socket(family, kind) as s:
+                        s.bind((host, port))
+            except OSError:
+                continue
+            _handed_out.add(port)
+            return port
     raise NasdError(f"no free port on {host} below the ephemeral range ({low})")
 
 
