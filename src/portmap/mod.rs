@@ -218,18 +218,17 @@ impl Portmap {
     /// program served here, for one already registered at that version over that
     /// netid, for a reserved port claimed by a caller that could not have bound it, and
     /// once the table is full.
-    fn register(&self, mapping: Mapping) -> bool {
-        let Some(at) = mapping.registered else { return false };
+    fn register(&self, program: u32, version: u32, protocol: u32, port: u16, at: RegisteredAt) -> bool {
         let mut registered = self.registrations();
         let taken = registered.iter().any(|m| {
-            (m.program, m.version, m.protocol) == (mapping.program, mapping.version, mapping.protocol)
+            (m.program, m.version, m.protocol) == (program, version, protocol)
                 && m.registered.is_some_and(|other| other.ip.is_ipv6() == at.ip.is_ipv6())
         });
-        let port_claimed_falsely = mapping.port < 1024 && !at.privileged;
-        if self.serves(mapping.program) || taken || port_claimed_falsely || registered.len() >= MAX_REGISTRATIONS {
+        let port_claimed_falsely = port < 1024 && !at.privileged;
+        if self.serves(program) || taken || port_claimed_falsely || registered.len() >= MAX_REGISTRATIONS {
             return false;
         }
-        registered.push(mapping);
+        registered.push(Mapping { program, version, protocol, port, registered: Some(at) });
         true
     }
 
@@ -240,8 +239,8 @@ impl Portmap {
         let mut registered = self.registrations();
         let before = registered.len();
         registered.retain(|m| {
-            let at = m.registered.expect("registrations only");
-            !(m.program == program && m.version == version && which(at, m.protocol) && (privileged || !at.privileged))
+            let selected = m.registered.is_some_and(|at| which(at, m.protocol) && (privileged || !at.privileged));
+            !(m.program == program && m.version == version && selected)
         });
         registered.len() < before
     }
@@ -300,13 +299,9 @@ impl Portmap {
         // An IPv4-mapped address is IPv4's, whatever netid names it.
         let address = std::str::from_utf8(rpcb.addr).ok().and_then(Self::parse_universal_address);
         match (netid, address.map(|(ip, port)| (crate::exports::canonical_ip(ip), port))) {
-            (Some((protocol, v6)), Some((ip, port))) if ip.is_ipv6() == v6 => self.register(Mapping {
-                program: rpcb.program,
-                version: rpcb.version,
-                protocol,
-                port,
-                registered: Some(RegisteredAt { ip, privileged }),
-            }),
+            (Some((protocol, v6)), Some((ip, port))) if ip.is_ipv6() == v6 => {
+                self.register(rpcb.program, rpcb.version, protocol, port, RegisteredAt { ip, privileged })
+            }
             _ => false,
         }
     }
@@ -317,9 +312,9 @@ impl Portmap {
         if procedure == proc::UNSET {
             return !self.serves(program) && self.unregister(program, version, privileged, |at, _| at.ip.is_ipv4());
         }
-        let registered = Some(RegisteredAt { ip: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), privileged });
+        let at = RegisteredAt { ip: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), privileged };
         match (protocol, u16::try_from(port)) {
-            (IPPROTO_TCP | IPPROTO_UDP, Ok(port)) => self.register(Mapping { program, version, protocol, port, registered }),
+            (IPPROTO_TCP | IPPROTO_UDP, Ok(port)) => self.register(program, version, protocol, port, at),
             _ => false,
         }
     }
@@ -437,7 +432,11 @@ impl RpcProgram for Portmap {
                 proc::GETADDR => {
                     // Version 2 knows IPv4 services alone, whatever transport it is called over.
                     let found = self.find(program, version, protocol, std::net::Ipv4Addr::UNSPECIFIED.into(), false);
-                    let netid = [(IPPROTO_TCP, "tcp"), (IPPROTO_UDP, "udp")].iter().find(|(p, _)| *p == protocol).map_or("", |(_, n)| n);
+                    let netid = match protocol {
+                        IPPROTO_TCP => "tcp",
+                        IPPROTO_UDP => "udp",
+                        _ => "",
+                    };
                     self.stats.lookup(ctx.version, service(program, version, netid), found.is_some());
                     out.u32(found.map_or(0, |m| m.port.into()));
                 }
