@@ -76,10 +76,10 @@ struct ServeArgs {
     /// time while such a client is active; at most one connection per two cores polls.
     #[arg(long, value_name = "MICROSECONDS")]
     busy_poll_us: Option<u64>,
-    /// TCP congestion control for NFS connections (e.g. cubic, reno, bbr; default: the
-    /// system's, net.ipv4.tcp_congestion_control). On the same host (loopback), bbr paces
-    /// a connection at a bandwidth estimate that swings widely: 1 MiB reads ran at half
-    /// the speed they reach with cubic (docs/performance.md).
+    /// TCP congestion control for all NFS connections (e.g. cubic, reno, bbr). Default:
+    /// the system's (net.ipv4.tcp_congestion_control), except that where it paces (bbr)
+    /// connections from this host get cubic: on the same host bbr paces at a bandwidth
+    /// estimate that swings widely, and 1 MiB reads ran at half speed (docs/performance.md).
     #[arg(long, value_name = "NAME")]
     tcp_congestion: Option<String>,
     /// DIR mode: export read-only.

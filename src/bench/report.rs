@@ -728,6 +728,7 @@ pub fn machine_facts(dir: &Path) -> Vec<(String, String)> {
     let fs = if fs.is_empty() { cmd(&["stat", "-f", "-c", "%T", &d]) } else { fs };
     let dev = cmd(&["findmnt", "-n", "-o", "SOURCE", "--target", &d]);
     let libnfs = cmd(&["pkg-config", "--modversion", "libnfs"]);
+    let system_cc = read("/proc/sys/net/ipv4/tcp_congestion_control").trim().to_string();
     vec![
         ("CPU".into(), cpu),
         ("cores".into(), cores.to_string()),
@@ -744,9 +745,14 @@ pub fn machine_facts(dir: &Path) -> Vec<(String, String)> {
         ),
         // It can bound the 1 MiB jobs over loopback: bbr paces a loopback connection at a
         // bandwidth estimate that swings widely (docs/performance.md, change 21).
+        ("TCP congestion control (the system's, for the client and other servers)".into(), system_cc.clone()),
         (
-            "TCP congestion control (the system's, for client and servers)".into(),
-            read("/proc/sys/net/ipv4/tcp_congestion_control").trim().to_string(),
+            "TCP congestion control of nasd's connections from this host".into(),
+            if crate::server::paces(&system_cc) {
+                "cubic: the system's paces, and nasd does not pace this host's clients (change 23)".into()
+            } else {
+                "the system's".into()
+            },
         ),
     ]
 }

@@ -21,7 +21,9 @@ pub struct Config {
     /// How long to poll a busy connection for its next request before sleeping (0: never).
     pub busy_poll_us: u64,
     /// TCP congestion control for NFS and MOUNT connections (`TCP_CONGESTION`, e.g.
-    /// "cubic"); the system's default (`net.ipv4.tcp_congestion_control`) when unset.
+    /// "cubic"). Unset: the system's default (`net.ipv4.tcp_congestion_control`), or an
+    /// unpaced one for connections from this host where that default paces
+    /// (`congestion::Policy`).
     pub tcp_congestion: Option<String>,
     pub limits: Limits,
 }

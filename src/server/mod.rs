@@ -2,6 +2,7 @@
 
 mod busy_poll;
 mod config;
+mod congestion;
 mod metrics_http;
 mod stalls;
 pub mod state;
@@ -10,6 +11,7 @@ mod udp;
 
 use busy_poll::BusyPoll;
 pub use config::{Config, Limits};
+pub(crate) use congestion::paces;
 
 use crate::backend::local::{creds, ChangeCount, LocalConfig, LocalFs};
 use crate::exports::{Export, ExportTable};
@@ -51,6 +53,8 @@ pub(crate) struct Shared {
     pub stalls: Stalls,
     /// Open TCP connections, on all listeners together.
     pub connections: Arc<Semaphore>,
+    /// The congestion control each accepted connection gets.
+    pub congestion: congestion::Policy,
     /// Held while anything of this server runs, calls still on blocking threads after
     /// the listeners stopped included ([`lock_state_dir`]).
     _state_dir_lock: std::fs::File,
@@ -114,29 +118,6 @@ fn loopbacks_not_covered_by(listen: IpAddr, dual_stack: bool) -> Vec<IpAddr> {
         listen == loopback || listen.is_unspecified() && (listen.is_ipv6() == loopback.is_ipv6() || listen.is_ipv6() && dual_stack)
     };
     [v4_loopback, v6_loopback].into_iter().filter(|&loopback| !covers(loopback)).collect()
-}
-
-/// Has `listener`'s connections use the congestion control algorithm `name`: accepted
-/// sockets inherit it from their listener (a route's `congctl` still takes precedence).
-/// Refused where the kernel lacks the algorithm, or, without `CAP_NET_ADMIN`, where
-/// `net.ipv4.tcp_allowed_congestion_control` does not list it.
-fn set_congestion_control(listener: &TcpListener, name: &str) -> anyhow::Result<()> {
-    let fd = std::os::fd::AsRawFd::as_raw_fd(listener);
-    // SAFETY: setsockopt reads `name.len()` bytes from a live string.
-    let rc = unsafe { libc::setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_CONGESTION, name.as_ptr().cast(), name.len() as libc::socklen_t) };
-    if rc == 0 {
-        return Ok(());
-    }
-    let e = std::io::Error::last_os_error();
-    let hint = match e.raw_os_error() {
-        Some(libc::ENOENT) => {
-            let available = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control").unwrap_or_default();
-            format!(" (this kernel has: {}; a module may add more, e.g. tcp_{name})", available.trim())
-        }
-        Some(libc::EPERM) => " (not in net.ipv4.tcp_allowed_congestion_control, and nasd is not root)".to_string(),
-        _ => String::new(),
-    };
-    Err(UsageError(format!("tcp_congestion = {name:?} cannot be used: {e}{hint}")).into())
 }
 
 async fn bind_udp(addr: SocketAddr) -> anyhow::Result<UdpSocket> {
@@ -229,12 +210,7 @@ impl Server {
                 }
             }
         }
-        if let Some(name) = &config.tcp_congestion {
-            for listener in &tcp {
-                set_congestion_control(listener, name)?;
-            }
-            tracing::info!(algorithm = %name, "TCP congestion control of NFS connections");
-        }
+        let congestion = congestion::Policy::apply(&tcp, config.tcp_congestion.as_deref())?;
         let metrics_listener = match config.metrics {
             Some(addr) => Some(bind_tcp(addr).await?),
             None => None,
@@ -260,6 +236,7 @@ impl Server {
             state: state.clone(),
             stalls: Stalls::new(std::time::Duration::from_secs(config.limits.stall_timeout_secs)),
             connections: Arc::new(Semaphore::new(config.limits.max_connections)),
+            congestion,
             _state_dir_lock: state_dir_lock,
         });
         let reloader = ExportReloader { state: state.clone(), limits: config.limits.clone(), changes };
@@ -514,38 +491,5 @@ mod tests {
         // Where `::` is IPv6 alone (net.ipv6.bindv6only = 1).
         assert_eq!(loopbacks_not_covered_by("::".parse().unwrap(), false), ["127.0.0.1".parse::<IpAddr>().unwrap()]);
         assert_eq!(loopbacks_not_covered_by("0.0.0.0".parse().unwrap(), false), ["::1".parse::<IpAddr>().unwrap()]);
-    }
-
-    /// The congestion control an open TCP socket uses.
-    fn congestion_control_of(fd: std::os::fd::RawFd) -> String {
-        let mut name = [0u8; 16];
-        let mut len = name.len() as libc::socklen_t;
-        // SAFETY: getsockopt writes at most `len` bytes into `name`.
-        let rc = unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_CONGESTION, name.as_mut_ptr().cast(), &mut len) };
-        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
-        let name = &name[..len as usize];
-        String::from_utf8_lossy(&name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())]).into_owned()
-    }
-
-    #[tokio::test]
-    async fn connections_accepted_on_a_listener_take_its_congestion_control() {
-        let system = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control").unwrap_or_default();
-        // reno is built into every kernel; pick it unless it is already the default, so
-        // the test can tell the setting from the default.
-        let wanted = if system.trim() == "reno" { "cubic" } else { "reno" };
-        let listener = bind_tcp("127.0.0.1:0".parse().unwrap()).await.unwrap();
-        set_congestion_control(&listener, wanted).unwrap();
-        let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
-        let (accepted, _) = listener.accept().await.unwrap();
-        assert_eq!(congestion_control_of(std::os::fd::AsRawFd::as_raw_fd(&accepted)), wanted);
-        // The client's end keeps the system's default: the setting is the server's alone.
-        assert_eq!(congestion_control_of(std::os::fd::AsRawFd::as_raw_fd(&client)), system.trim());
-    }
-
-    #[tokio::test]
-    async fn an_algorithm_the_kernel_lacks_is_refused_naming_it_and_what_there_is() {
-        let listener = bind_tcp("127.0.0.1:0".parse().unwrap()).await.unwrap();
-        let err = set_congestion_control(&listener, "nosuchalgo").unwrap_err().to_string();
-        assert!(err.contains("\"nosuchalgo\"") && err.contains("this kernel has: ") && err.contains("reno"), "{err}");
     }
 }

@@ -556,6 +556,7 @@ impl Batch<'_> {
 async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) -> anyhow::Result<()> {
     stream.set_nodelay(true)?;
     let local = stream.local_addr()?;
+    shared.congestion.on_accept(&stream, peer, local);
     tracing::debug!(client = %peer, "connection opened");
     let (rd, wr) = stream.into_split();
     let mut rd = BufReader::with_capacity(128 * 1024, RecordStream::new(rd));
@@ -1071,6 +1072,7 @@ mod tests {
             state: Arc::new(state),
             stalls: stalls::Stalls::new(Duration::from_secs(limits.stall_timeout_secs)),
             connections: Arc::new(Semaphore::new(limits.max_connections)),
+            congestion: crate::server::congestion::Policy::Inherit,
             limits,
             _state_dir_lock: tempfile::tempfile().expect("a file to stand for the lock"),
         })

@@ -14,6 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `import rig`
 
 from rig.nasd import Nasd, default_binary, free_port  # noqa: E402
+from rig.netns import Netns, join  # noqa: E402
 from rig import rpc  # noqa: E402
 from rig.rpc import Nfs3Client, nfs3_args, NFS_PROG  # noqa: E402
 from integration._common import ROOT, make_export, write_exports  # noqa: E402
@@ -95,16 +96,67 @@ def _congestion_control_of_connections_to(port: int) -> list[str]:
 
 
 @pytest.mark.skipif(shutil.which("ss") is None, reason="ss not installed (Debian package iproute2)")
-def test_tcp_congestion_applies_to_nfs_connections_and_the_default_is_the_systems(tmp_path):
+def test_tcp_congestion_applies_to_nfs_connections_and_the_default_is_the_servers_own(tmp_path):
     system = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
     wanted = "cubic" if system == "reno" else "reno"    # reno is in every kernel
     export = make_export(tmp_path)
+    # Unset, a pacing default gives way to cubic for clients on this host (the next test).
+    default = "cubic" if system.startswith("bbr") else system
     with Nasd(export, args=["--tcp-congestion", wanted]) as tuned, Nasd(export, state_dir=tmp_path / "s2") as plain:
-        for server, expected in ((tuned, wanted), (plain, system)):
+        for server, expected in ((tuned, wanted), (plain, default)):
             with Nfs3Client("127.0.0.1", server.port) as c:
                 c.call(NFS_PROG, 3, 0, b"")        # NULL: the connection is accepted and served
                 assert _congestion_control_of_connections_to(server.port) == [expected]
     assert f"algorithm={wanted}" in re.sub(r"\x1b\[[0-9;]*m", "", tuned.log())
+
+
+def _congestion_control_by_peer(ns: Netns, port: int) -> dict[str, str]:
+    """Peer address -> congestion control of each established TCP socket on local port
+    `port` in `ns` (the server's ends), from `ss`: a socket's line, then its info line,
+    which starts with the algorithm."""
+    p = ns.run(["ss", "-Htin", "state", "established", f"( sport = :{port} )"],
+               capture_output=True, text=True, timeout=10)
+    assert p.returncode == 0, p.stderr
+    algorithms = set(Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split())
+    found, peer = {}, None
+    for line in p.stdout.splitlines():
+        if line and not line[0].isspace():
+            peer = line.split()[3].rsplit(":", 1)[0]
+        elif peer is not None:
+            found[peer] = next(tok for tok in line.split() if tok in algorithms)
+            peer = None
+    return found
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="ss not installed (Debian package iproute2)")
+@pytest.mark.skipif("bbr" not in Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split(),
+                    reason="this kernel has no bbr (module tcp_bbr), the pacing default the rule is for")
+def test_where_the_default_paces_only_clients_on_other_hosts_are_paced(tmp_path):
+    """With bbr as the default (set in the test's own namespaces), a connection from this
+    host (loopback, or the server's own address) gets cubic, as the listener has it; one
+    from another host, over a veth pair, is switched back to bbr as it is accepted."""
+    export = make_export(tmp_path)
+    with Netns() as server_ns, Netns() as client_ns:
+        join(server_ns, client_ns)
+        for ns in (server_ns, client_ns):
+            p = ns.run(["sysctl", "-qw", "net.ipv4.tcp_congestion_control=bbr"], capture_output=True, text=True)
+            assert p.returncode == 0, p.stderr
+        with Nasd(export, netns=server_ns, host="127.0.0.1", listen="0.0.0.0") as n:
+            def connect(host: str, src: str) -> Nfs3Client:
+                c = Nfs3Client(host, n.port, src_addr=src)
+                c.call(NFS_PROG, 3, 0, b"")        # NULL: accepted and served
+                return c
+            clients = [client_ns.call(connect, "10.99.0.1", "10.99.0.2", timeout=30),
+                       server_ns.call(connect, "127.0.0.1", "127.0.0.1", timeout=30),
+                       server_ns.call(connect, "10.99.0.1", "10.99.0.1", timeout=30)]
+            try:
+                found = _congestion_control_by_peer(server_ns, n.port)
+            finally:
+                for c in clients:
+                    c.close()
+        log = re.sub(r"\x1b\[[0-9;]*m", "", n.log())
+    assert found == {"10.99.0.2": "bbr", "127.0.0.1": "cubic", "10.99.0.1": "cubic"}, found
+    assert "this_host=cubic other_hosts=bbr" in log, log
 
 
 def test_an_unknown_tcp_congestion_exits_2_naming_it(tmp_path):

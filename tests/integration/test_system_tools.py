@@ -16,7 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `import rig`
 
 from rig.nasd import Nasd  # noqa: E402
-from rig.netns import Netns  # noqa: E402
+from rig.netns import Netns, join  # noqa: E402
 from rig import rpc  # noqa: E402
 from rig.rpc import Nfs3Client  # noqa: E402
 from integration._common import ROOT, make_export, write_exports  # noqa: E402
@@ -157,19 +157,6 @@ def test_showmount_lists_exports_and_mounts(served):
     assert f"127.0.0.1:{os.path.realpath(export)}" in p.stdout.splitlines()[1:], p.stdout
 
 
-def _join(server_ns: Netns, client_ns: Netns) -> None:
-    """A network of two: a veth pair, 10.99.0.1/24 in `server_ns`, 10.99.0.2 in `client_ns`."""
-    server_if, client_if = f"nv{server_ns.name[-8:]}", f"nv{client_ns.name[-8:]}"
-    for argv in (
-        ["-n", server_ns.name, "link", "add", server_if, "type", "veth", "peer", "name", client_if, "netns", client_ns.name],
-        ["-n", server_ns.name, "addr", "add", "10.99.0.1/24", "brd", "+", "dev", server_if],
-        ["-n", client_ns.name, "addr", "add", "10.99.0.2/24", "brd", "+", "dev", client_if],
-        ["-n", server_ns.name, "link", "set", server_if, "up"],
-        ["-n", client_ns.name, "link", "set", client_if, "up"],
-    ):
-        subprocess.run(["ip", *argv], check=True, capture_output=True, timeout=30)
-
-
 def _without_system_rpcbind(*cmd: str) -> list[str]:
     """`cmd` in a mount namespace of its own whose /run hides the socket of any rpcbind on
     this machine (a path, which network namespaces share), so that libtirpc registers
@@ -262,7 +249,7 @@ def test_only_programs_on_this_host_register_with_the_portmapper(tmp_path):
     even from a reserved port; the same SET from the server's own loopback is taken."""
     export = make_export(tmp_path, "share")
     with Netns() as server_ns, Netns() as client_ns:
-        _join(server_ns, client_ns)
+        join(server_ns, client_ns)
         with Nasd(export, netns=server_ns, host="127.0.0.1", listen="0.0.0.0", args=["--portmap"]):
             def change(host: str, proto: str, procedure: int) -> bool:
                 src_addr = "10.99.0.2" if host == "10.99.0.1" else None
@@ -298,7 +285,7 @@ def test_libnfs_finds_the_server_by_broadcast(tmp_path, listen):
     v4-mapped, and the reply must leave from the interface's own address."""
     export = make_export(tmp_path, "share")
     with Netns() as server_ns, Netns() as client_ns:
-        _join(server_ns, client_ns)
+        join(server_ns, client_ns)
         with Nasd(export, netns=server_ns, host="127.0.0.1", listen=listen, args=["--portmap"]) as n:
             p = _run(client_ns, "nfs-ls", "-D", "nfs://")
             assert p.returncode == 0 and p.stdout.split() == ["nfs://10.99.0.1"], (p.stdout, p.stderr, n.log()[-2000:])

@@ -25,7 +25,7 @@ import subprocess
 import threading
 import time
 
-__all__ = ["Netns", "NetnsError"]
+__all__ = ["Netns", "NetnsError", "join"]
 
 
 class NetnsError(RuntimeError):
@@ -173,3 +173,16 @@ class Netns:
                 return
             time.sleep(0.2)
         raise NetnsError(f"could not delete netns {self.name}: {p.stderr.strip()}")
+
+
+def join(server_ns: Netns, client_ns: Netns) -> None:
+    """A network of two: a veth pair, 10.99.0.1/24 in `server_ns`, 10.99.0.2 in `client_ns`."""
+    server_if, client_if = f"nv{server_ns.name[-8:]}", f"nv{client_ns.name[-8:]}"
+    for argv in (
+        ["-n", server_ns.name, "link", "add", server_if, "type", "veth", "peer", "name", client_if, "netns", client_ns.name],
+        ["-n", server_ns.name, "addr", "add", "10.99.0.1/24", "brd", "+", "dev", server_if],
+        ["-n", client_ns.name, "addr", "add", "10.99.0.2/24", "brd", "+", "dev", client_if],
+        ["-n", server_ns.name, "link", "set", server_if, "up"],
+        ["-n", client_ns.name, "link", "set", client_if, "up"],
+    ):
+        _ip(*argv)
