@@ -78,7 +78,7 @@ struct ServeArgs {
     busy_poll_us: Option<u64>,
     /// TCP congestion control for all NFS connections (e.g. cubic, reno, bbr). Default:
     /// the system's (net.ipv4.tcp_congestion_control), except that where it paces (bbr)
-    /// connections from this host get cubic: on the same host bbr paces at a bandwidth
+    /// connections from this host get cubic (or reno): on the same host bbr paces at a bandwidth
     /// estimate that swings widely, and 1 MiB reads ran at half speed (docs/performance.md).
     #[arg(long, value_name = "NAME")]
     tcp_congestion: Option<String>,

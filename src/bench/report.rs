@@ -749,7 +749,7 @@ pub fn machine_facts(dir: &Path) -> Vec<(String, String)> {
         (
             "TCP congestion control of nasd's connections from this host".into(),
             if crate::server::paces(&system_cc) {
-                "cubic: the system's paces, and nasd does not pace this host's clients (change 23)".into()
+                "cubic (reno where cubic cannot be set): the system's paces, and nasd does not pace this host's clients unless started with --tcp-congestion (change 23)".into()
             } else {
                 "the system's".into()
             },

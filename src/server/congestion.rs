@@ -20,7 +20,8 @@ use super::UsageError;
 /// Algorithms that do not pace, in order of preference; reno is built into every kernel.
 const UNPACED: [&str; 2] = ["cubic", "reno"];
 
-/// Which congestion control each accepted connection gets.
+/// Which congestion control each accepted connection gets, decided at start from the
+/// system's default then (a later change of the default is not followed).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Policy {
     /// Every connection keeps what its listener gave it: the configured algorithm, or the
@@ -60,7 +61,11 @@ impl Policy {
             return Ok(Policy::Inherit);
         };
         for listener in &listeners[1..] {
-            set_on_listener(listener, unpaced)?;
+            // A listener left at the default is harmless: its connections differ from the
+            // unpaced algorithm, so they are never switched and keep the default.
+            if let Err(e) = set_congestion_control(listener.as_raw_fd(), unpaced) {
+                tracing::warn!(algorithm = %unpaced, error = %e, "cannot set a listener's congestion control; its connections keep the system's");
+            }
         }
         tracing::info!(
             this_host = %unpaced,
@@ -72,7 +77,9 @@ impl Policy {
 
     /// What a connection accepted on `local` from `peer` should be switched to, if
     /// anything. `current` is what it has: one that differs from the listener's was
-    /// chosen by a route (`ip route … congctl`), which wins.
+    /// chosen by a route (`ip route … congctl`), which wins. (A route naming the
+    /// listener's own algorithm cannot be told from none; with `congctl lock` the kernel
+    /// refuses the switch, and the connection keeps the route's.)
     fn switch_for(&self, peer: IpAddr, local: IpAddr, current: &str) -> Option<&str> {
         match self {
             Policy::UnpacedOnThisHost { listener, remote } if !on_this_host(peer, local) && current == listener => Some(remote),
@@ -94,8 +101,13 @@ impl Policy {
             }
         };
         if let Some(wanted) = self.switch_for(peer.ip(), local.ip(), &current) {
-            if let Err(e) = set_congestion_control(fd, wanted) {
-                tracing::warn!(client = %peer, algorithm = %wanted, error = %e, "cannot set the connection's congestion control");
+            match set_congestion_control(fd, wanted) {
+                Ok(()) => {}
+                // A route's `congctl lock` fixes the algorithm: the route's choice stands.
+                Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                    tracing::debug!(client = %peer, algorithm = %wanted, "a route locks the connection's congestion control")
+                }
+                Err(e) => tracing::warn!(client = %peer, algorithm = %wanted, error = %e, "cannot set the connection's congestion control"),
             }
         }
     }
@@ -234,7 +246,8 @@ mod tests {
             assert_eq!(remote, &system);
             assert_eq!(&got, listener);
         } else {
-            // The integration test runs this where the default paces (a namespace set to bbr).
+            // Where the default paces, this path is also covered by the integration test
+            // that sets bbr in network namespaces of its own.
             assert_eq!(policy, Policy::Inherit);
             assert_eq!(got, system);
         }

@@ -1,5 +1,6 @@
 """Command line behaviour and the Prometheus metrics endpoint."""
 
+import os
 import re
 import shutil
 import socket
@@ -128,16 +129,22 @@ def _congestion_control_by_peer(ns: Netns, port: int) -> dict[str, str]:
     return found
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 @pytest.mark.skipif(shutil.which("ss") is None, reason="ss not installed (Debian package iproute2)")
 @pytest.mark.skipif("bbr" not in Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split(),
                     reason="this kernel has no bbr (module tcp_bbr), the pacing default the rule is for")
 def test_where_the_default_paces_only_clients_on_other_hosts_are_paced(tmp_path):
     """With bbr as the default (set in the test's own namespaces), a connection from this
     host (loopback, or the server's own address) gets cubic, as the listener has it; one
-    from another host, over a veth pair, is switched back to bbr as it is accepted."""
+    from another host, over a veth pair, is switched back to bbr as it is accepted; one
+    whose route names reno (`congctl`) keeps reno."""
     export = make_export(tmp_path)
     with Netns() as server_ns, Netns() as client_ns:
-        join(server_ns, client_ns)
+        server_if, client_if = join(server_ns, client_ns)
+        for argv in (["-n", client_ns.name, "addr", "add", "10.99.0.3/24", "dev", client_if],
+                     ["-n", server_ns.name, "route", "add", "10.99.0.3/32", "dev", server_if, "congctl", "reno"]):
+            p = subprocess.run(["ip", *argv], capture_output=True, text=True, timeout=30)
+            assert p.returncode == 0, p.stderr
         for ns in (server_ns, client_ns):
             p = ns.run(["sysctl", "-qw", "net.ipv4.tcp_congestion_control=bbr"], capture_output=True, text=True)
             assert p.returncode == 0, p.stderr
@@ -147,6 +154,7 @@ def test_where_the_default_paces_only_clients_on_other_hosts_are_paced(tmp_path)
                 c.call(NFS_PROG, 3, 0, b"")        # NULL: accepted and served
                 return c
             clients = [client_ns.call(connect, "10.99.0.1", "10.99.0.2", timeout=30),
+                       client_ns.call(connect, "10.99.0.1", "10.99.0.3", timeout=30),
                        server_ns.call(connect, "127.0.0.1", "127.0.0.1", timeout=30),
                        server_ns.call(connect, "10.99.0.1", "10.99.0.1", timeout=30)]
             try:
@@ -155,7 +163,7 @@ def test_where_the_default_paces_only_clients_on_other_hosts_are_paced(tmp_path)
                 for c in clients:
                     c.close()
         log = re.sub(r"\x1b\[[0-9;]*m", "", n.log())
-    assert found == {"10.99.0.2": "bbr", "127.0.0.1": "cubic", "10.99.0.1": "cubic"}, found
+    assert found == {"10.99.0.2": "bbr", "10.99.0.3": "reno", "127.0.0.1": "cubic", "10.99.0.1": "cubic"}, found
     assert "this_host=cubic other_hosts=bbr" in log, log
 
 

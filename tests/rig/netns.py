@@ -175,8 +175,9 @@ class Netns:
         raise NetnsError(f"could not delete netns {self.name}: {p.stderr.strip()}")
 
 
-def join(server_ns: Netns, client_ns: Netns) -> None:
-    """A network of two: a veth pair, 10.99.0.1/24 in `server_ns`, 10.99.0.2 in `client_ns`."""
+def join(server_ns: Netns, client_ns: Netns) -> tuple[str, str]:
+    """A network of two: a veth pair, 10.99.0.1/24 in `server_ns`, 10.99.0.2 in `client_ns`.
+    Returns the names of the pair's ends: (in `server_ns`, in `client_ns`)."""
     server_if, client_if = f"nv{server_ns.name[-8:]}", f"nv{client_ns.name[-8:]}"
     for argv in (
         ["-n", server_ns.name, "link", "add", server_if, "type", "veth", "peer", "name", client_if, "netns", client_ns.name],
@@ -186,3 +187,4 @@ def join(server_ns: Netns, client_ns: Netns) -> None:
         ["-n", client_ns.name, "link", "set", client_if, "up"],
     ):
         _ip(*argv)
+    return server_if, client_if
