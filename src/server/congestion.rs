@@ -89,7 +89,7 @@ impl Policy {
 
     /// Gives a just accepted connection the algorithm this policy wants for it.
     pub(crate) fn on_accept(&self, socket: &impl AsRawFd, peer: SocketAddr, local: SocketAddr) {
-        if *self == Policy::Inherit {
+        if matches!(self, Policy::Inherit) {
             return;
         }
         let fd = socket.as_raw_fd();
@@ -130,7 +130,7 @@ fn on_this_host(peer: IpAddr, local: IpAddr) -> bool {
 /// listener (a route's `congctl` still takes precedence). Refused where the kernel lacks
 /// the algorithm, or, without `CAP_NET_ADMIN`, where
 /// `net.ipv4.tcp_allowed_congestion_control` does not list it.
-pub(crate) fn set_on_listener(listener: &TcpListener, name: &str) -> anyhow::Result<()> {
+fn set_on_listener(listener: &TcpListener, name: &str) -> anyhow::Result<()> {
     let Err(e) = set_congestion_control(listener.as_raw_fd(), name) else { return Ok(()) };
     let hint = match e.raw_os_error() {
         Some(libc::ENOENT) => {
@@ -154,7 +154,7 @@ fn set_congestion_control(fd: RawFd, name: &str) -> std::io::Result<()> {
 }
 
 /// The congestion control a TCP socket uses.
-pub(crate) fn congestion_control(fd: RawFd) -> std::io::Result<String> {
+fn congestion_control(fd: RawFd) -> std::io::Result<String> {
     let mut name = [0u8; 16];
     let mut len = name.len() as libc::socklen_t;
     // SAFETY: getsockopt writes at most `len` bytes into `name`.

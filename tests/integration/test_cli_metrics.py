@@ -86,14 +86,22 @@ def test_malformed_exports_line_reports_file_and_line(tmp_path, bad):
     assert f"{ex}:3" in p.stderr, p.stderr
 
 
-def _congestion_control_of_connections_to(port: int) -> list[str]:
-    """The congestion control of each established TCP socket on local port `port` (the
-    server's ends), from `ss`, which prints it first on each socket's info line."""
-    p = subprocess.run(["ss", "-Htin", "state", "established", f"( sport = :{port} )"],
-                       capture_output=True, text=True, timeout=10)
+def _congestion_control_by_peer(port: int, ns: Netns | None = None) -> dict[str, str]:
+    """Peer address -> congestion control of each established TCP socket on local port
+    `port` (the server's ends), in `ns` or this test's own namespace, from `ss`: a
+    socket's line, then its info line, which starts with the algorithm."""
+    argv = ["ss", "-Htin", "state", "established", f"( sport = :{port} )"]
+    p = (ns.run if ns else subprocess.run)(argv, capture_output=True, text=True, timeout=10)
     assert p.returncode == 0, p.stderr
     algorithms = set(Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split())
-    return [tok for tok in p.stdout.split() if tok in algorithms]
+    found, peer = {}, None
+    for line in p.stdout.splitlines():
+        if line and not line[0].isspace():
+            peer = line.split()[3].rsplit(":", 1)[0]
+        elif peer is not None:
+            found[peer] = next(tok for tok in line.split() if tok in algorithms)
+            peer = None
+    return found
 
 
 @pytest.mark.skipif(shutil.which("ss") is None, reason="ss not installed (Debian package iproute2)")
@@ -107,26 +115,8 @@ def test_tcp_congestion_applies_to_nfs_connections_and_the_default_is_the_server
         for server, expected in ((tuned, wanted), (plain, default)):
             with Nfs3Client("127.0.0.1", server.port) as c:
                 c.call(NFS_PROG, 3, 0, b"")        # NULL: the connection is accepted and served
-                assert _congestion_control_of_connections_to(server.port) == [expected]
+                assert list(_congestion_control_by_peer(server.port).values()) == [expected]
     assert f"algorithm={wanted}" in re.sub(r"\x1b\[[0-9;]*m", "", tuned.log())
-
-
-def _congestion_control_by_peer(ns: Netns, port: int) -> dict[str, str]:
-    """Peer address -> congestion control of each established TCP socket on local port
-    `port` in `ns` (the server's ends), from `ss`: a socket's line, then its info line,
-    which starts with the algorithm."""
-    p = ns.run(["ss", "-Htin", "state", "established", f"( sport = :{port} )"],
-               capture_output=True, text=True, timeout=10)
-    assert p.returncode == 0, p.stderr
-    algorithms = set(Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split())
-    found, peer = {}, None
-    for line in p.stdout.splitlines():
-        if line and not line[0].isspace():
-            peer = line.split()[3].rsplit(":", 1)[0]
-        elif peer is not None:
-            found[peer] = next(tok for tok in line.split() if tok in algorithms)
-            peer = None
-    return found
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
@@ -158,7 +148,7 @@ def test_where_the_default_paces_only_clients_on_other_hosts_are_paced(tmp_path)
                        server_ns.call(connect, "127.0.0.1", "127.0.0.1", timeout=30),
                        server_ns.call(connect, "10.99.0.1", "10.99.0.1", timeout=30)]
             try:
-                found = _congestion_control_by_peer(server_ns, n.port)
+                found = _congestion_control_by_peer(n.port, server_ns)
             finally:
                 for c in clients:
                     c.close()
