@@ -4,8 +4,10 @@
 
 use super::fio;
 use super::suites::MetaOp;
+use crate::backend::local::DurableCalls;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -42,7 +44,8 @@ pub fn pick_engine(fio_bin: &Path, dir: &Path) -> String {
 /// The parallel form of `meta` for create and remove: `clients` threads at once, each on
 /// `per` files in its own directory `root/md-par/cN`. Returns (operations, seconds from
 /// the first thread's start to the last one's end), the span nfsh clients are timed by.
-pub fn meta_parallel(root: &Path, op: MetaOp, per: u32, clients: u32) -> Result<(u64, f64)> {
+/// With `durable`, each change is made durable before the next, as a `sync` export does.
+pub fn meta_parallel(root: &Path, op: MetaOp, per: u32, clients: u32, durable: Option<&DurableCalls>) -> Result<(u64, f64)> {
     let par = root.join("md-par");
     let dirs: Vec<PathBuf> = (0..clients).map(|c| par.join(format!("c{c}"))).collect();
     if op == MetaOp::Create {
@@ -60,15 +63,17 @@ pub fn meta_parallel(root: &Path, op: MetaOp, per: u32, clients: u32) -> Result<
             .map(|d| {
                 let start = &start;
                 s.spawn(move || -> Result<(Instant, Instant)> {
+                    let dir = File::open(d)?;
                     start.wait();
                     let t0 = Instant::now();
                     for i in 0..per {
                         let f = d.join(format!("f{i:08}"));
                         if op == MetaOp::Create {
-                            std::fs::File::create(&f)?;
+                            File::create(&f)?;
                         } else {
                             std::fs::remove_file(&f)?;
                         }
+                        entries_changed(durable, &dir)?;
                     }
                     Ok((t0, Instant::now()))
                 })
@@ -82,26 +87,40 @@ pub fn meta_parallel(root: &Path, op: MetaOp, per: u32, clients: u32) -> Result<
     Ok((per as u64 * clients as u64, (last_end - first_start).as_secs_f64()))
 }
 
+/// After a change to `dir`'s entries: nothing, or what a `sync` export does.
+fn entries_changed(durable: Option<&DurableCalls>, dir: &File) -> Result<()> {
+    if let Some(calls) = durable {
+        calls.entries_changed(&[dir])?;
+    }
+    Ok(())
+}
+
 /// Local metadata operation over `files` files in `dirs` directories below `root`.
+/// With `durable`, each change is made durable before the next, as a `sync` export does.
 /// Returns (operations, seconds).
-pub fn meta(root: &Path, op: MetaOp, files: u32, dirs: u32) -> Result<(u64, f64)> {
+pub fn meta(root: &Path, op: MetaOp, files: u32, dirs: u32, durable: Option<&DurableCalls>) -> Result<(u64, f64)> {
     use MetaOp::*;
     let flat = root.join("md-flat");
     let name = |i: u32| flat.join(format!("f{i:08}"));
     let renamed = |i: u32| flat.join(format!("r{i:08}"));
+    let open_flat = || File::open(&flat).with_context(|| format!("opening {}", flat.display()));
     let t0 = Instant::now();
     let ops: u64 = match op {
         Tree => {
             let tree = root.join("md-tree");
             let _ = std::fs::remove_dir_all(&tree);
             std::fs::create_dir_all(&tree)?;
+            let top = File::open(&tree)?;
             let per = (files / dirs.max(1)).max(1);
             let t0 = Instant::now();
             for d in 0..dirs {
                 let dp = tree.join(format!("d{d:05}"));
                 std::fs::create_dir(&dp)?;
+                entries_changed(durable, &top)?;
+                let dir = File::open(&dp)?;
                 for f in 0..per {
-                    std::fs::File::create(dp.join(format!("f{f:08}")))?;
+                    File::create(dp.join(format!("f{f:08}")))?;
+                    entries_changed(durable, &dir)?;
                 }
             }
             // The tree stays until the bench's data goes: removing it here would slow the
@@ -111,9 +130,11 @@ pub fn meta(root: &Path, op: MetaOp, files: u32, dirs: u32) -> Result<(u64, f64)
         Create => {
             let _ = std::fs::remove_dir_all(&flat);
             std::fs::create_dir_all(&flat)?;
+            let dir = open_flat()?;
             let t0 = Instant::now();
             for i in 0..files {
-                std::fs::File::create(name(i))?;
+                File::create(name(i))?;
+                entries_changed(durable, &dir)?;
             }
             return Ok((files as u64, t0.elapsed().as_secs_f64()));
         }
@@ -124,10 +145,13 @@ pub fn meta(root: &Path, op: MetaOp, files: u32, dirs: u32) -> Result<(u64, f64)
             files as u64
         }
         Rename => {
+            let dir = open_flat()?;
+            let t0 = Instant::now();
             for i in 0..files {
                 std::fs::rename(name(i), renamed(i))?;
+                entries_changed(durable, &dir)?;
             }
-            files as u64
+            return Ok((files as u64, t0.elapsed().as_secs_f64()));
         }
         Readdir => {
             let n = std::fs::read_dir(&flat)?.count() as u64;
@@ -137,10 +161,13 @@ pub fn meta(root: &Path, op: MetaOp, files: u32, dirs: u32) -> Result<(u64, f64)
             n
         }
         Remove => {
+            let dir = open_flat()?;
+            let t0 = Instant::now();
             for i in 0..files {
                 std::fs::remove_file(renamed(i))?;
+                entries_changed(durable, &dir)?;
             }
-            files as u64
+            return Ok((files as u64, t0.elapsed().as_secs_f64()));
         }
         Untar | CopyTree | RemoveTree => bail!("{op:?} is a real-tree job: local::tree"),
     };
@@ -170,15 +197,42 @@ impl TreeStats {
 
 /// Copy the tree `src` to `dst` (which must not exist) like `cp -r`: directories, regular
 /// files with their content and permissions, symlinks as symlinks; other file types and
-/// directories whose name `skip` accepts are left out.
-pub fn copy_tree(src: &Path, dst: &Path, skip: &dyn Fn(&str) -> bool) -> Result<TreeStats> {
+/// directories whose name `skip` accepts are left out. With `durable`, as nfsh put-tree
+/// through a `sync` export: each directory, file and symlink made durable once created,
+/// and each file's data once written (its COMMIT); files then get put-tree's mode,
+/// (mode & 0o777) | 0o600.
+pub fn copy_tree(src: &Path, dst: &Path, skip: &dyn Fn(&str) -> bool, durable: Option<&DurableCalls>) -> Result<TreeStats> {
     let mut st = TreeStats::default();
-    copy_tree_into(src, dst, skip, &mut st)?;
+    let parent = match durable {
+        Some(_) => Some(open_parent(dst)?),
+        None => None,
+    };
+    copy_tree_into(src, dst, skip, &mut st, durable.zip(parent.as_ref()))?;
     Ok(st)
 }
 
-fn copy_tree_into(src: &Path, dst: &Path, skip: &dyn Fn(&str) -> bool, st: &mut TreeStats) -> Result<()> {
+fn open_parent(path: &Path) -> Result<File> {
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    File::open(parent).with_context(|| format!("opening {}", parent.display()))
+}
+
+/// `durable`: the calls, and the directory `dst` is made in.
+fn copy_tree_into(
+    src: &Path,
+    dst: &Path,
+    skip: &dyn Fn(&str) -> bool,
+    st: &mut TreeStats,
+    durable: Option<(&DurableCalls, &File)>,
+) -> Result<()> {
     std::fs::create_dir(dst).with_context(|| format!("mkdir {}", dst.display()))?;
+    let here = match durable {
+        Some((calls, parent)) => {
+            calls.entries_changed(&[parent])?;
+            Some((calls, File::open(dst).with_context(|| format!("opening {}", dst.display()))?))
+        }
+        None => None,
+    };
+    let durable_here = here.as_ref().map(|(calls, dir)| (*calls, dir));
     st.dirs += 1;
     for e in std::fs::read_dir(src).with_context(|| format!("reading {}", src.display()))? {
         let e = e?;
@@ -186,16 +240,60 @@ fn copy_tree_into(src: &Path, dst: &Path, skip: &dyn Fn(&str) -> bool, st: &mut 
         let to = dst.join(e.file_name());
         if ft.is_dir() {
             if !skip(&e.file_name().to_string_lossy()) {
-                copy_tree_into(&e.path(), &to, skip, st)?;
+                copy_tree_into(&e.path(), &to, skip, st, durable_here)?;
             }
         } else if ft.is_file() {
-            st.bytes += std::fs::copy(e.path(), &to).with_context(|| format!("copying {}", e.path().display()))?;
+            st.bytes += match durable_here {
+                None => std::fs::copy(e.path(), &to).with_context(|| format!("copying {}", e.path().display()))?,
+                Some((calls, dir)) => copy_file_durably(&e.path(), &to, calls, dir)?,
+            };
             st.files += 1;
         } else if ft.is_symlink() {
             std::os::unix::fs::symlink(std::fs::read_link(e.path())?, &to)?;
+            if let Some((calls, dir)) = durable_here {
+                calls.entries_changed(&[dir])?;
+            }
             st.links += 1;
         }
     }
+    Ok(())
+}
+
+/// Create `to` in `dir` (durable), copy `from` into it, then make its data durable.
+fn copy_file_durably(from: &Path, to: &Path, calls: &DurableCalls, dir: &File) -> Result<u64> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut src = File::open(from).with_context(|| format!("opening {}", from.display()))?;
+    let mode = src.metadata()?.permissions().mode();
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode((mode & 0o777) | 0o600)
+        .open(to)
+        .with_context(|| format!("creating {}", to.display()))?;
+    calls.entries_changed(&[dir])?;
+    let n = std::io::copy(&mut src, &mut out).with_context(|| format!("copying {}", from.display()))?;
+    if n > 0 {
+        calls.data_written(&out)?;
+    }
+    Ok(n)
+}
+
+/// `rm -rf` of `dir`, in `parent`, as nfsh remove-tree through a `sync` export: one entry
+/// at a time, each removal durable before the next.
+fn remove_tree_durably(dir: &Path, parent: &File, calls: &DurableCalls) -> Result<()> {
+    let here = File::open(dir).with_context(|| format!("opening {}", dir.display()))?;
+    // Listed whole before the removals, as nfsh does.
+    let entries = std::fs::read_dir(dir)?.collect::<std::io::Result<Vec<_>>>()?;
+    for e in entries {
+        if e.file_type()?.is_dir() {
+            remove_tree_durably(&e.path(), &here, calls)?;
+        } else {
+            std::fs::remove_file(e.path()).with_context(|| format!("removing {}", e.path().display()))?;
+            calls.entries_changed(&[&here])?;
+        }
+    }
+    std::fs::remove_dir(dir).with_context(|| format!("removing {}", dir.display()))?;
+    calls.entries_changed(&[parent])?;
     Ok(())
 }
 
@@ -262,33 +360,39 @@ pub fn prepare_tree_source(dst: &Path) -> Result<TreeSource> {
         bail!("source tree {} is not a directory", origin.display());
     }
     let _ = std::fs::remove_dir_all(dst);
-    let stats = copy_tree(&origin, dst, &stdlib_skip).with_context(|| format!("copying {} to {}", origin.display(), dst.display()))?;
+    let stats =
+        copy_tree(&origin, dst, &stdlib_skip, None).with_context(|| format!("copying {} to {}", origin.display(), dst.display()))?;
     Ok(TreeSource { what, path: dst.to_path_buf(), stats })
 }
 
 /// The real-tree jobs on the local file system, below `root`: untar = copy `src` to
 /// tree-untar, cp -r = copy tree-untar to tree-copy, rm -rf = remove tree-untar (then,
-/// not timed, tree-copy). Returns what was handled and the timed seconds.
-pub fn tree(root: &Path, op: MetaOp, src: &Path) -> Result<(TreeStats, f64)> {
+/// not timed, tree-copy). With `durable`, each change is made durable as a `sync` export
+/// makes it ([`copy_tree`]). Returns what was handled and the timed seconds.
+pub fn tree(root: &Path, op: MetaOp, src: &Path, durable: Option<&DurableCalls>) -> Result<(TreeStats, f64)> {
     let (untar, copy) = (root.join("tree-untar"), root.join("tree-copy"));
     let none = |_: &str| false;
     match op {
         MetaOp::Untar => {
             let _ = std::fs::remove_dir_all(&untar);
             let t0 = Instant::now();
-            let st = copy_tree(src, &untar, &none)?;
+            let st = copy_tree(src, &untar, &none, durable)?;
             Ok((st, t0.elapsed().as_secs_f64()))
         }
         MetaOp::CopyTree => {
             let _ = std::fs::remove_dir_all(&copy);
             let t0 = Instant::now();
-            let st = copy_tree(&untar, &copy, &none)?;
+            let st = copy_tree(&untar, &copy, &none, durable)?;
             Ok((st, t0.elapsed().as_secs_f64()))
         }
         MetaOp::RemoveTree => {
             let st = count_tree(&untar)?;
+            let parent = open_parent(&untar)?;
             let t0 = Instant::now();
-            std::fs::remove_dir_all(&untar)?;
+            match durable {
+                Some(calls) => remove_tree_durably(&untar, &parent, calls)?,
+                None => std::fs::remove_dir_all(&untar)?,
+            }
             let secs = t0.elapsed().as_secs_f64();
             let _ = std::fs::remove_dir_all(&copy);
             Ok((st, secs))
@@ -322,7 +426,7 @@ mod tests {
 
         // the source copy leaves __pycache__ out and keeps symlinks as they are
         let copy = tmp.path().join("tree-src");
-        let st = copy_tree(&src, &copy, &stdlib_skip).unwrap();
+        let st = copy_tree(&src, &copy, &stdlib_skip, None).unwrap();
         assert_eq!(st, TreeStats { files: 3, dirs: 3, links: 2, bytes: 9 + 100_000 });
         assert_eq!(st.ops(), 8);
         assert_eq!(count_tree(&copy).unwrap(), st);
@@ -330,19 +434,40 @@ mod tests {
         assert_eq!(std::fs::read_link(copy.join("dangling")).unwrap(), Path::new("/nonexistent"));
         assert_eq!(std::fs::read(copy.join("pkg/sub/m.py")).unwrap(), vec![7u8; 100_000]);
 
-        // untar, cp -r, rm -rf on the local disk
-        let root = tmp.path().join("local");
+        // untar, cp -r, rm -rf on the local disk; then again with each change durable, as a
+        // sync export makes it: one call per entry made or removed, one per file with data
+        let (made, with_data) = (st.ops(), 2);
+        for durable in [false, true] {
+            let root = tmp.path().join(if durable { "durable" } else { "plain" });
+            std::fs::create_dir(&root).unwrap();
+            let calls = DurableCalls::for_dir(&root).unwrap();
+            let calls = durable.then_some(&calls);
+            let (u, _) = tree(&root, MetaOp::Untar, &copy, calls).unwrap();
+            assert_eq!(u, st);
+            assert_eq!(calls.map(|c| c.made()), durable.then_some((made, with_data)));
+            let (c, _) = tree(&root, MetaOp::CopyTree, &copy, calls).unwrap();
+            assert_eq!(c, st);
+            assert_eq!(count_tree(&root.join("tree-copy")).unwrap(), st);
+            assert_eq!(std::fs::read(root.join("tree-copy/pkg/sub/m.py")).unwrap(), vec![7u8; 100_000]);
+            assert_eq!(std::fs::read_link(root.join("tree-copy/pkg/link.py")).unwrap(), Path::new("../a.py"));
+            assert_eq!(calls.map(|c| c.made()), durable.then_some((2 * made, 2 * with_data)));
+            let (r, secs) = tree(&root, MetaOp::RemoveTree, &copy, calls).unwrap();
+            assert_eq!(r, st);
+            assert!(secs >= 0.0);
+            assert!(!root.join("tree-untar").exists() && !root.join("tree-copy").exists());
+            assert_eq!(calls.map(|c| c.made()), durable.then_some((3 * made, 2 * with_data)));
+            assert!(tree(&root, MetaOp::Stat, &copy, calls).is_err());
+        }
+        // put-tree's mode: the source's, readable and writable by the owner
+        use std::os::unix::fs::PermissionsExt;
+        let root = tmp.path().join("modes");
         std::fs::create_dir(&root).unwrap();
-        let (u, _) = tree(&root, MetaOp::Untar, &copy).unwrap();
-        assert_eq!(u, st);
-        let (c, _) = tree(&root, MetaOp::CopyTree, &copy).unwrap();
-        assert_eq!(c, st);
-        assert_eq!(count_tree(&root.join("tree-copy")).unwrap(), st);
-        let (r, secs) = tree(&root, MetaOp::RemoveTree, &copy).unwrap();
-        assert_eq!(r, st);
-        assert!(secs >= 0.0);
-        assert!(!root.join("tree-untar").exists() && !root.join("tree-copy").exists());
-        assert!(tree(&root, MetaOp::Stat, &copy).is_err());
+        std::fs::set_permissions(copy.join("a.py"), std::fs::Permissions::from_mode(0o444)).unwrap();
+        let calls = DurableCalls::for_dir(&root).unwrap();
+        tree(&root, MetaOp::Untar, &copy, Some(&calls)).unwrap();
+        let mode = std::fs::metadata(root.join("tree-untar/a.py")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o600, 0o600, "{mode:o}");
+        assert_eq!(mode & 0o133, 0, "{mode:o}");
     }
 
     #[test]
@@ -358,33 +483,49 @@ mod tests {
     #[test]
     fn loops_rename_then_remove_the_renamed_files() {
         let tmp = tempfile::tempdir().unwrap();
-        let root = tmp.path();
-        for op in [MetaOp::Create, MetaOp::Stat, MetaOp::Rename] {
-            assert_eq!(meta(root, op, 30, 3).unwrap().0, 30, "{op:?}");
+        for durable in [false, true] {
+            let root = &tmp.path().join(if durable { "durable" } else { "plain" });
+            std::fs::create_dir(root).unwrap();
+            let calls = DurableCalls::for_dir(root).unwrap();
+            let calls = durable.then_some(&calls);
+            for op in [MetaOp::Create, MetaOp::Stat, MetaOp::Rename] {
+                assert_eq!(meta(root, op, 30, 3, calls).unwrap().0, 30, "{op:?}");
+            }
+            assert!(root.join("md-flat/r00000029").exists() && !root.join("md-flat/f00000000").exists());
+            assert_eq!(meta(root, MetaOp::Readdir, 30, 3, calls).unwrap().0, 30);
+            assert_eq!(meta(root, MetaOp::Remove, 30, 3, calls).unwrap().0, 30);
+            assert_eq!(std::fs::read_dir(root.join("md-flat")).unwrap().count(), 0);
+            assert!(meta(root, MetaOp::Untar, 30, 3, calls).is_err());
+            // a durable call per create, rename and remove; none for stat and readdir
+            assert_eq!(calls.map(|c| c.made()), durable.then_some((90, 0)));
+            // the tree job: 3 directories of 10 files
+            assert_eq!(meta(root, MetaOp::Tree, 30, 3, calls).unwrap().0, 33);
+            assert_eq!(calls.map(|c| c.made()), durable.then_some((123, 0)));
         }
-        assert!(root.join("md-flat/r00000029").exists() && !root.join("md-flat/f00000000").exists());
-        assert_eq!(meta(root, MetaOp::Readdir, 30, 3).unwrap().0, 30);
-        assert_eq!(meta(root, MetaOp::Remove, 30, 3).unwrap().0, 30);
-        assert_eq!(std::fs::read_dir(root.join("md-flat")).unwrap().count(), 0);
-        assert!(meta(root, MetaOp::Untar, 30, 3).is_err());
     }
 
     #[test]
     fn parallel_loops_create_and_remove_in_a_directory_per_client() {
         let tmp = tempfile::tempdir().unwrap();
-        let root = tmp.path();
-        assert_eq!(meta_parallel(root, MetaOp::Create, 20, 3).unwrap().0, 60);
-        for c in 0..3 {
-            let dir = root.join(format!("md-par/c{c}"));
-            assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 20, "{dir:?}");
-            assert!(dir.join("f00000019").exists());
+        for durable in [false, true] {
+            let root = &tmp.path().join(if durable { "durable" } else { "plain" });
+            std::fs::create_dir(root).unwrap();
+            let calls = DurableCalls::for_dir(root).unwrap();
+            let calls = durable.then_some(&calls);
+            assert_eq!(meta_parallel(root, MetaOp::Create, 20, 3, calls).unwrap().0, 60);
+            for c in 0..3 {
+                let dir = root.join(format!("md-par/c{c}"));
+                assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 20, "{dir:?}");
+                assert!(dir.join("f00000019").exists());
+            }
+            assert_eq!(meta_parallel(root, MetaOp::Remove, 20, 3, calls).unwrap().0, 60);
+            for c in 0..3 {
+                assert_eq!(std::fs::read_dir(root.join(format!("md-par/c{c}"))).unwrap().count(), 0);
+            }
+            assert_eq!(calls.map(|c| c.made()), durable.then_some((120, 0)));
+            // removing files that are gone is an error, not a figure
+            assert!(meta_parallel(root, MetaOp::Remove, 20, 3, calls).is_err());
+            assert!(meta_parallel(root, MetaOp::Stat, 20, 3, calls).is_err());
         }
-        assert_eq!(meta_parallel(root, MetaOp::Remove, 20, 3).unwrap().0, 60);
-        for c in 0..3 {
-            assert_eq!(std::fs::read_dir(root.join(format!("md-par/c{c}"))).unwrap().count(), 0);
-        }
-        // removing files that are gone is an error, not a figure
-        assert!(meta_parallel(root, MetaOp::Remove, 20, 3).is_err());
-        assert!(meta_parallel(root, MetaOp::Stat, 20, 3).is_err());
     }
 }

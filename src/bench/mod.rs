@@ -84,6 +84,12 @@ pub struct Measurement {
     /// Metadata jobs: what was timed (ops_per_sec = ops ÷ seconds).
     #[serde(default)]
     pub meta: Option<MetaFigures>,
+    /// The local disk's metadata jobs that change something, again with each change made
+    /// durable before the next as a `sync` export there makes it
+    /// ([`crate::backend::local::DurableCalls`]): the floor for a server that keeps RFC
+    /// 1813's promise to a client sending one call at a time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub durable: Option<MetaFigures>,
     pub seconds: f64,
     /// With --repeat: the job's figure in every repetition, in run order, `None` for a
     /// repetition that failed; this measurement is the median one ([`median_run`]).
@@ -594,8 +600,14 @@ impl Runner {
         let per = (files / clients).max(1);
         let expected = per as u64 * clients as u64;
         let (ops, secs) = if let Some(root) = t.local_dir.clone() {
+            let root = self.meta_root(&root);
             m.commands.push(format!("local system calls: {op:?} over {per} files in each of {clients} directories, one thread each"));
-            local::meta_parallel(&self.meta_root(&root), op, per, clients)?
+            let plain = local::meta_parallel(&root, op, per, clients, None)?;
+            let (durable_root, calls) = durable_local(&root)?;
+            let (ops, seconds) = local::meta_parallel(&durable_root, op, per, clients, Some(&calls))?;
+            m.commands.push(format!("the same in {}, each change then made durable with {}", durable_root.display(), calls.describe()));
+            m.durable = Some(MetaFigures { ops, seconds, bytes: None });
+            plain
         } else {
             let dirs: Vec<String> = (0..clients).map(|c| self.meta_path(&format!("/md-par/c{c}"))).collect();
             let loops: Vec<Vec<String>> = match op {
@@ -761,9 +773,22 @@ impl Runner {
             JobKind::Meta { op, files, dirs, .. } => {
                 settle_page_cache();
                 if let Some(dir) = t.local_dir.clone() {
-                    let (ops, secs) = local::meta(&self.meta_root(&dir), *op, *files, *dirs)?;
+                    let root = self.meta_root(&dir);
+                    let (ops, secs) = local::meta(&root, *op, *files, *dirs, None)?;
                     m.commands.push(format!("local system calls: {:?} over {files} files", op));
-                    self.save_raw(&tag(""), &serde_json::json!({"op": format!("{op:?}"), "ops": ops, "seconds": secs}).to_string());
+                    let mut raw = serde_json::json!({"op": format!("{op:?}"), "ops": ops, "seconds": secs});
+                    if op.changes_the_namespace() {
+                        let (durable_root, calls) = durable_local(&root)?;
+                        let (ops, seconds) = local::meta(&durable_root, *op, *files, *dirs, Some(&calls))?;
+                        m.commands.push(format!(
+                            "the same in {}, each change then made durable with {}",
+                            durable_root.display(),
+                            calls.describe()
+                        ));
+                        raw["durable"] = serde_json::json!({"ops": ops, "seconds": seconds});
+                        m.durable = Some(MetaFigures { ops, seconds, bytes: None });
+                    }
+                    self.save_raw(&tag(""), &raw.to_string());
                     m.ops_per_sec = Some(ops as f64 / secs.max(1e-9));
                     m.meta = Some(MetaFigures { ops, seconds: secs, bytes: None });
                     return Ok(());
@@ -810,7 +835,7 @@ impl Runner {
         };
         let (got, secs) = if let Some(dir) = t.local_dir.clone() {
             let dir = self.meta_root(&dir);
-            let (st, secs) = local::tree(&dir, op, &src.path)?;
+            let (st, secs) = local::tree(&dir, op, &src.path, None)?;
             m.commands.push(match op {
                 MetaOp::Untar => format!("local std::fs: copy {} to {}", src.path.display(), dir.join("tree-untar").display()),
                 MetaOp::CopyTree => {
@@ -818,10 +843,22 @@ impl Runner {
                 }
                 _ => format!("local std::fs: remove_dir_all {}", dir.join("tree-untar").display()),
             });
+            let (durable_root, calls) = durable_local(&dir)?;
+            let (durable, seconds) = local::tree(&durable_root, op, &src.path, Some(&calls))?;
+            if durable != st {
+                bail!("{op:?} with each change durable handled {}, without {}", durable.describe(), st.describe());
+            }
+            m.commands.push(format!(
+                "the same in {}, one entry at a time as nfsh does, each change then made durable with {}",
+                durable_root.display(),
+                calls.describe()
+            ));
+            m.durable = Some(MetaFigures { ops: durable.ops(), seconds, bytes: (op != MetaOp::RemoveTree).then_some(durable.bytes) });
             let mut v = serde_json::to_value(st)?;
             v["op"] = format!("{op:?}").into();
             v["ops"] = st.ops().into();
             v["seconds"] = secs.into();
+            v["durable"] = serde_json::json!({"ops": durable.ops(), "seconds": seconds});
             self.save_raw(tag, &v.to_string());
             (st, secs)
         } else {
@@ -854,6 +891,15 @@ impl Runner {
         m.meta = Some(MetaFigures { ops: got.ops(), seconds: secs, bytes: with_bytes.then_some(got.bytes) });
         Ok(())
     }
+}
+
+/// Where the local disk's durable metadata jobs run, `durable` below this repetition's
+/// directory `root`, and the calls that make each change there durable.
+fn durable_local(root: &Path) -> Result<(PathBuf, crate::backend::local::DurableCalls)> {
+    let dir = root.join("durable");
+    std::fs::create_dir_all(&dir).with_context(|| format!("making {}", dir.display()))?;
+    let calls = crate::backend::local::DurableCalls::for_dir(&dir).with_context(|| format!("opening {}", dir.display()))?;
+    Ok((dir, calls))
 }
 
 /// A time-based job that runs much longer than asked is stuck (a client waiting for a
@@ -1025,6 +1071,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let meta_step = |frees: bool| jobs.iter().any(|j| j.is_meta() && j.frees_inodes() == frees);
     if meta_step(true) && meta_step(false) {
         notes.push("the metadata steps that remove files (remove, rm -rf) ran after all the others, those of every repetition: ext4 without a journal passes over each inode freed in the last minute whenever it allocates one, so creates made soon after thousands of removals are slower, whichever server makes them (removals by other programs shortly before the run count too).".into());
+    }
+    if specs.contains(&TargetSpec::Local) && jobs.iter().any(|j| matches!(j.kind, JobKind::Meta { op, .. } if op.changes_the_namespace())) {
+        notes.push("local, each change durable: the local disk ran each metadata job that creates, renames or removes again, in a directory of its own, making every change durable before the next one as a sync export on this file system makes it (the machine table says how) and each copied file's data once written, as its COMMIT does; one change at a time, as nfsh's loops send them. With one such client, that is the floor on this file system for a server that makes each change durable before its reply (RFC 1813) the way nasd does.".into());
     }
     let mut planned_done = 0.0;
     let t_jobs = Instant::now();

@@ -181,25 +181,38 @@ fn cpu_table(r: &Results, suite: &str) -> Option<Block> {
     (!rows.is_empty()).then_some(Block::Table { header, rows })
 }
 
-/// Metadata jobs: operations and seconds of the timed part, per target.
+/// Metadata jobs: operations and seconds of the timed part, per target; and where the
+/// local disk also ran them with each change durable, that figure and nasd's ratio to it.
 fn meta_table(r: &Results, suite: &str) -> Option<Block> {
     let names = r.target_names();
+    let jobs: Vec<&JobResult> = r.jobs.iter().filter(|j| j.job.suite == suite && matches!(j.job.kind, JobKind::Meta { .. })).collect();
+    fn durable_of(j: &JobResult) -> Option<&super::MetaFigures> {
+        j.get("local").filter(|m| m.error.is_none()).and_then(|m| m.durable.as_ref())
+    }
+    let with_durable = jobs.iter().any(|j| durable_of(j).is_some());
     let mut header = vec!["job".to_string()];
     header.extend(names.iter().map(|n| format!("{n} ops in s")));
+    if with_durable {
+        header.extend(["local, each change durable: ops in s".to_string(), "nasd÷local durable".to_string()]);
+    }
+    let figures = |f: &super::MetaFigures| {
+        let mut c = format!("{} in {:.2} s", f.ops, f.seconds);
+        if let Some(b) = f.bytes {
+            c.push_str(&format!(", {:.1} MiB", b as f64 / 1048576.0));
+        }
+        c
+    };
     let mut rows = Vec::new();
-    for j in r.jobs.iter().filter(|j| j.job.suite == suite && matches!(j.job.kind, JobKind::Meta { .. })) {
+    for j in jobs {
         let mut row = vec![j.job.name.clone()];
         for n in &names {
-            row.push(match j.get(n).filter(|m| m.error.is_none()).and_then(|m| m.meta.as_ref()) {
-                Some(f) => {
-                    let mut c = format!("{} in {:.2} s", f.ops, f.seconds);
-                    if let Some(b) = f.bytes {
-                        c.push_str(&format!(", {:.1} MiB", b as f64 / 1048576.0));
-                    }
-                    c
-                }
-                None => "-".into(),
-            });
+            row.push(j.get(n).filter(|m| m.error.is_none()).and_then(|m| m.meta.as_ref()).map_or_else(|| "-".into(), figures));
+        }
+        if with_durable {
+            let durable = durable_of(j);
+            row.push(durable.map_or_else(|| "-".into(), figures));
+            let durable_rate = durable.map(|f| f.ops as f64 / f.seconds.max(1e-9));
+            row.push(fmt_ratio(ratio(j.value("nasd"), durable_rate)));
         }
         rows.push(row);
     }
@@ -915,8 +928,19 @@ mod tests {
         let Block::Table { rows, .. } = main_table(&r, "metadata") else { panic!() };
         assert_eq!(rows[0], ["untar tree", "ops/s", "1500", "750", "6000", "2.00×", "0.25×"]);
         let md = markdown(&r, None, &[]);
-        assert!(md.contains("| job | nasd ops in s | ganesha ops in s | local ops in s |"), "{md}");
+        assert!(md.contains("| job | nasd ops in s | ganesha ops in s | local ops in s |\n"), "{md}");
         assert!(md.contains("| untar tree | 3000 in 2.00 s, 64.0 MiB | 3000 in 4.00 s, 64.0 MiB | 3000 in 0.50 s, 64.0 MiB |"), "{md}");
+
+        // the local disk making each change durable: its figure, and nasd's ratio to it
+        r.jobs[0].runs[2].durable = Some(super::super::MetaFigures { ops: 3000, seconds: 1.5, bytes: Some(64 << 20) });
+        let md = markdown(&r, None, &[]);
+        assert!(
+            md.contains(
+                "| job | nasd ops in s | ganesha ops in s | local ops in s | local, each change durable: ops in s | nasd÷local durable |"
+            ),
+            "{md}"
+        );
+        assert!(md.contains("| 3000 in 0.50 s, 64.0 MiB | 3000 in 1.50 s, 64.0 MiB | 0.75× |"), "{md}");
     }
 
     #[test]

@@ -50,6 +50,12 @@ impl MetaOp {
         matches!(self, MetaOp::Untar | MetaOp::CopyTree | MetaOp::RemoveTree)
     }
 
+    /// Steps that create, rename or remove entries (all but stat and readdir): a `sync`
+    /// export makes each of their changes durable before its reply.
+    pub fn changes_the_namespace(self) -> bool {
+        !matches!(self, MetaOp::Stat | MetaOp::Readdir)
+    }
+
     /// Steps that free inodes (remove, rm -rf). They run after every other step of every
     /// repetition ([`run_order`]).
     pub fn frees_inodes(self) -> bool {

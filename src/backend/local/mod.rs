@@ -174,17 +174,7 @@ impl FsSync {
     /// that follows does that.
     fn flush_kind(&self, kind: SyncKind, since: SyncTicket, root: &OwnedFd, on_failure: impl Fn()) -> VfsResult<()> {
         self.group.sync(kind, since, |kind| {
-            let flushed = match &self.device {
-                Some(device) => sys::fsync(device),
-                // `syncfs` writes the device's metadata buffers (inode tables among them)
-                // last, after the cache flush it makes (`sync_filesystem`: `sync_fs(wait)`,
-                // then `sync_blockdev`): on a disk with a volatile write cache they are not
-                // yet durable when it returns. An `fsync` after it flushes them: without a
-                // journal, ext4 flushes the device on every `fsync` (since Linux 6.5; before
-                // that, not for a clean file, docs/reliability.md).
-                None if kind == SyncKind::Full => sys::syncfs(root).and_then(|()| sys::fsync(root)),
-                None => sys::syncfs(root),
-            };
+            let flushed = flush_metadata(self.device.as_ref(), kind, root);
             if flushed.is_err() {
                 on_failure();
             }
@@ -194,6 +184,23 @@ impl FsSync {
 
     fn new(device: Option<OwnedFd>) -> Self {
         Self { group: SyncGroup::default(), device }
+    }
+}
+
+/// One flush of a journal-less file system's metadata: an `fsync` of its block `device`,
+/// else `syncfs` through `root` (for `SyncKind::Data`, without the flush after it: the
+/// caller's own `fsync` follows).
+fn flush_metadata(device: Option<&OwnedFd>, kind: SyncKind, root: &OwnedFd) -> VfsResult<()> {
+    match device {
+        Some(device) => sys::fsync(device),
+        // `syncfs` writes the device's metadata buffers (inode tables among them) last,
+        // after the cache flush it makes (`sync_filesystem`: `sync_fs(wait)`, then
+        // `sync_blockdev`): on a disk with a volatile write cache they are not yet durable
+        // when it returns. An `fsync` after it flushes them: without a journal, ext4
+        // flushes the device on every `fsync` (since Linux 6.5; before that, not for a
+        // clean file, docs/reliability.md).
+        None if kind == SyncKind::Full => sys::syncfs(root).and_then(|()| sys::fsync(root)),
+        None => sys::syncfs(root),
     }
 }
 
@@ -253,10 +260,68 @@ impl NamespacePlan {
 /// How a `sync` export on the file system holding `dir` makes each namespace change
 /// durable, in words (the bench reports it: it decides the metadata figures).
 pub fn namespace_durability(dir: &Path) -> String {
-    let opened = std::fs::File::open(dir).ok().and_then(|d| sys::fstat(d.as_raw_fd()).ok().map(|st| (d, st)));
-    match opened {
-        Some((d, st)) => NamespacePlan::of(sys::metadata_log(d.as_raw_fd(), st.st_dev), st.st_dev).describe(),
-        None => "unknown (the directory cannot be opened)".into(),
+    match DurableCalls::for_dir(dir) {
+        Ok(calls) => calls.describe(),
+        Err(_) => "unknown (the directory cannot be opened)".into(),
+    }
+}
+
+/// The calls a `sync` export on the file system holding a directory makes to have each
+/// change durable before its reply, one change at a time and without the group commit
+/// that shares them between clients. The bench times the local disk making them: with
+/// a client that sends one change at a time, the floor for nasd's figure.
+pub struct DurableCalls {
+    /// Where `syncfs`, and the `fsync` that follows it, go: the directory itself, as the
+    /// export root does for nasd.
+    root: OwnedFd,
+    plan: NamespacePlan,
+    /// Changes made durable so far: entries changed, data written.
+    made: [AtomicU64; 2],
+}
+
+impl DurableCalls {
+    /// The plan nasd would take for an export at `dir` ([`NamespacePlan::of`]).
+    pub fn for_dir(dir: &Path) -> std::io::Result<Self> {
+        let root = OwnedFd::from(std::fs::File::open(dir)?);
+        let st = sys::fstat(root.as_raw_fd()).map_err(|e| std::io::Error::other(format!("fstat {}: {e}", dir.display())))?;
+        let plan = NamespacePlan::of(sys::metadata_log(root.as_raw_fd(), st.st_dev), st.st_dev);
+        Ok(Self { root, plan, made: Default::default() })
+    }
+
+    /// How many times [`Self::entries_changed`] and [`Self::data_written`] have been called.
+    pub fn made(&self) -> (u64, u64) {
+        (self.made[0].load(Ordering::Relaxed), self.made[1].load(Ordering::Relaxed))
+    }
+
+    /// The plan in words, as the server logs it.
+    pub fn describe(&self) -> String {
+        self.plan.describe()
+    }
+
+    /// After a change to the entries of `dirs` (both directories of a rename): what
+    /// `LocalFs::commit_dirs` does.
+    pub fn entries_changed(&self, dirs: &[&std::fs::File]) -> std::io::Result<()> {
+        self.made[0].fetch_add(1, Ordering::Relaxed);
+        match &self.plan {
+            NamespacePlan::DirectoryFsync => dirs.iter().try_for_each(|d| d.sync_all()),
+            NamespacePlan::DeviceFsync { device, .. } => self.flush(Some(device), SyncKind::Full),
+            NamespacePlan::Syncfs { .. } => self.flush(None, SyncKind::Full),
+        }
+    }
+
+    /// After `file`'s data was written, what its COMMIT does: `LocalFs::make_durable`'s
+    /// calls in its order.
+    pub fn data_written(&self, file: &std::fs::File) -> std::io::Result<()> {
+        self.made[1].fetch_add(1, Ordering::Relaxed);
+        match &self.plan {
+            NamespacePlan::DirectoryFsync => file.sync_all(),
+            NamespacePlan::DeviceFsync { device, .. } => file.sync_all().and_then(|()| self.flush(Some(device), SyncKind::Full)),
+            NamespacePlan::Syncfs { .. } => self.flush(None, SyncKind::Data).and_then(|()| file.sync_all()),
+        }
+    }
+
+    fn flush(&self, device: Option<&OwnedFd>, kind: SyncKind) -> std::io::Result<()> {
+        flush_metadata(device, kind, &self.root).map_err(|e| std::io::Error::other(format!("flushing the file system's metadata: {e}")))
     }
 }
 
