@@ -203,10 +203,7 @@ impl TreeStats {
 /// (mode & 0o777) | 0o600.
 pub fn copy_tree(src: &Path, dst: &Path, skip: &dyn Fn(&str) -> bool, durable: Option<&DurableCalls>) -> Result<TreeStats> {
     let mut st = TreeStats::default();
-    let parent = match durable {
-        Some(_) => Some(open_parent(dst)?),
-        None => None,
-    };
+    let parent = durable.map(|_| open_parent(dst)).transpose()?;
     copy_tree_into(src, dst, skip, &mut st, durable.zip(parent.as_ref()))?;
     Ok(st)
 }
@@ -387,10 +384,10 @@ pub fn tree(root: &Path, op: MetaOp, src: &Path, durable: Option<&DurableCalls>)
         }
         MetaOp::RemoveTree => {
             let st = count_tree(&untar)?;
-            let parent = open_parent(&untar)?;
+            let parent = durable.map(|_| open_parent(&untar)).transpose()?;
             let t0 = Instant::now();
-            match durable {
-                Some(calls) => remove_tree_durably(&untar, &parent, calls)?,
+            match durable.zip(parent.as_ref()) {
+                Some((calls, parent)) => remove_tree_durably(&untar, parent, calls)?,
                 None => std::fs::remove_dir_all(&untar)?,
             }
             let secs = t0.elapsed().as_secs_f64();

@@ -603,9 +603,8 @@ impl Runner {
             let root = self.meta_root(&root);
             m.commands.push(format!("local system calls: {op:?} over {per} files in each of {clients} directories, one thread each"));
             let plain = local::meta_parallel(&root, op, per, clients, None)?;
-            let (durable_root, calls) = durable_local(&root)?;
-            let (ops, seconds) = local::meta_parallel(&durable_root, op, per, clients, Some(&calls))?;
-            m.commands.push(format!("the same in {}, each change then made durable with {}", durable_root.display(), calls.describe()));
+            let (ops, seconds) =
+                durable_local(&root, &mut m.commands, "", |dir, calls| local::meta_parallel(dir, op, per, clients, Some(calls)))?;
             m.durable = Some(MetaFigures { ops, seconds, bytes: None });
             plain
         } else {
@@ -778,13 +777,8 @@ impl Runner {
                     m.commands.push(format!("local system calls: {:?} over {files} files", op));
                     let mut raw = serde_json::json!({"op": format!("{op:?}"), "ops": ops, "seconds": secs});
                     if op.changes_the_namespace() {
-                        let (durable_root, calls) = durable_local(&root)?;
-                        let (ops, seconds) = local::meta(&durable_root, *op, *files, *dirs, Some(&calls))?;
-                        m.commands.push(format!(
-                            "the same in {}, each change then made durable with {}",
-                            durable_root.display(),
-                            calls.describe()
-                        ));
+                        let (ops, seconds) =
+                            durable_local(&root, &mut m.commands, "", |dir, calls| local::meta(dir, *op, *files, *dirs, Some(calls)))?;
                         raw["durable"] = serde_json::json!({"ops": ops, "seconds": seconds});
                         m.durable = Some(MetaFigures { ops, seconds, bytes: None });
                     }
@@ -843,16 +837,12 @@ impl Runner {
                 }
                 _ => format!("local std::fs: remove_dir_all {}", dir.join("tree-untar").display()),
             });
-            let (durable_root, calls) = durable_local(&dir)?;
-            let (durable, seconds) = local::tree(&durable_root, op, &src.path, Some(&calls))?;
+            let (durable, seconds) = durable_local(&dir, &mut m.commands, "one entry at a time as nfsh does, ", |root, calls| {
+                local::tree(root, op, &src.path, Some(calls))
+            })?;
             if durable != st {
                 bail!("{op:?} with each change durable handled {}, without {}", durable.describe(), st.describe());
             }
-            m.commands.push(format!(
-                "the same in {}, one entry at a time as nfsh does, each change then made durable with {}",
-                durable_root.display(),
-                calls.describe()
-            ));
             m.durable = Some(MetaFigures { ops: durable.ops(), seconds, bytes: (op != MetaOp::RemoveTree).then_some(durable.bytes) });
             let mut v = serde_json::to_value(st)?;
             v["op"] = format!("{op:?}").into();
@@ -893,13 +883,21 @@ impl Runner {
     }
 }
 
-/// Where the local disk's durable metadata jobs run, `durable` below this repetition's
-/// directory `root`, and the calls that make each change there durable.
-fn durable_local(root: &Path) -> Result<(PathBuf, crate::backend::local::DurableCalls)> {
+/// Runs a local metadata job again with each change durable: `job` in `durable` below
+/// this repetition's directory `root`, with the calls that make each change there
+/// durable; says so in `commands` (`how`: how the job goes, before the calls named).
+fn durable_local<T>(
+    root: &Path,
+    commands: &mut Vec<String>,
+    how: &str,
+    job: impl FnOnce(&Path, &crate::backend::local::DurableCalls) -> Result<T>,
+) -> Result<T> {
     let dir = root.join("durable");
     std::fs::create_dir_all(&dir).with_context(|| format!("making {}", dir.display()))?;
     let calls = crate::backend::local::DurableCalls::for_dir(&dir).with_context(|| format!("opening {}", dir.display()))?;
-    Ok((dir, calls))
+    let done = job(&dir, &calls)?;
+    commands.push(format!("the same in {}, {how}each change then made durable with {}", dir.display(), calls.describe()));
+    Ok(done)
 }
 
 /// A time-based job that runs much longer than asked is stuck (a client waiting for a

@@ -275,8 +275,10 @@ pub struct DurableCalls {
     /// export root does for nasd.
     root: OwnedFd,
     plan: NamespacePlan,
-    /// Changes made durable so far: entries changed, data written.
-    made: [AtomicU64; 2],
+    /// Calls of [`Self::entries_changed`] so far.
+    entries_made: AtomicU64,
+    /// Calls of [`Self::data_written`] so far.
+    data_made: AtomicU64,
 }
 
 impl DurableCalls {
@@ -285,12 +287,12 @@ impl DurableCalls {
         let root = OwnedFd::from(std::fs::File::open(dir)?);
         let st = sys::fstat(root.as_raw_fd()).map_err(|e| std::io::Error::other(format!("fstat {}: {e}", dir.display())))?;
         let plan = NamespacePlan::of(sys::metadata_log(root.as_raw_fd(), st.st_dev), st.st_dev);
-        Ok(Self { root, plan, made: Default::default() })
+        Ok(Self { root, plan, entries_made: AtomicU64::new(0), data_made: AtomicU64::new(0) })
     }
 
     /// How many times [`Self::entries_changed`] and [`Self::data_written`] have been called.
     pub fn made(&self) -> (u64, u64) {
-        (self.made[0].load(Ordering::Relaxed), self.made[1].load(Ordering::Relaxed))
+        (self.entries_made.load(Ordering::Relaxed), self.data_made.load(Ordering::Relaxed))
     }
 
     /// The plan in words, as the server logs it.
@@ -301,7 +303,7 @@ impl DurableCalls {
     /// After a change to the entries of `dirs` (both directories of a rename): what
     /// `LocalFs::commit_dirs` does.
     pub fn entries_changed(&self, dirs: &[&std::fs::File]) -> std::io::Result<()> {
-        self.made[0].fetch_add(1, Ordering::Relaxed);
+        self.entries_made.fetch_add(1, Ordering::Relaxed);
         match &self.plan {
             NamespacePlan::DirectoryFsync => dirs.iter().try_for_each(|d| d.sync_all()),
             NamespacePlan::DeviceFsync { device, .. } => self.flush(Some(device), SyncKind::Full),
@@ -312,7 +314,7 @@ impl DurableCalls {
     /// After `file`'s data was written, what its COMMIT does: `LocalFs::make_durable`'s
     /// calls in its order.
     pub fn data_written(&self, file: &std::fs::File) -> std::io::Result<()> {
-        self.made[1].fetch_add(1, Ordering::Relaxed);
+        self.data_made.fetch_add(1, Ordering::Relaxed);
         match &self.plan {
             NamespacePlan::DirectoryFsync => file.sync_all(),
             NamespacePlan::DeviceFsync { device, .. } => file.sync_all().and_then(|()| self.flush(Some(device), SyncKind::Full)),
