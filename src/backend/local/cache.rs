@@ -163,8 +163,9 @@ impl<K: Hash + Eq + Copy, V: Clone> BoundedMap<K, V> {
         value
     }
 
-    pub fn remove(&self, key: &K) {
-        self.shard(key).lock().remove(key);
+    /// Takes `key`'s entry out, handing it to the caller.
+    pub fn remove(&self, key: &K) -> Option<V> {
+        self.shard(key).lock().remove(key)
     }
 
     /// Keeps only the entries `keep` accepts; returns how many it dropped.

@@ -1181,20 +1181,26 @@ impl LocalFs {
         Ok((dobj, dattr, sys::component(name)?))
     }
 
-    /// A reference to what `name` in `dir` is now, if anything, held by a call that
-    /// removes or replaces it until the directory's entry lock is released: dropping the
-    /// last reference to a file frees its blocks (seconds for a large file), which then
-    /// happens outside the lock, as the kernel's own unlink drops its last reference
-    /// after unlocking the directory.
-    fn hold_name(&self, dir: &CachedObject, name: &CString) -> Option<OwnedFd> {
-        sys::openat(dir.path_fd.as_raw_fd(), name, libc::O_PATH | libc::O_NOFOLLOW, 0).ok()
+    /// What `name` in `dir` is now, if anything, taken out of the object cache and held
+    /// by a call that removes or replaces it until the directory's entry lock is
+    /// released: dropping the last reference to a file frees its blocks (seconds for a
+    /// large file), which then happens outside the lock, as the kernel's own unlink drops
+    /// its last reference after unlocking the directory. The cached object is held too:
+    /// dropped before the unlink, its written descriptor would go to the close checker
+    /// (the file still had a link), and the space stay taken until that thread got to it.
+    fn take_name(&self, dir: &CachedObject, name: &CString) -> Doomed {
+        let dir_fd = dir.path_fd.as_raw_fd();
+        let cached = sys::name_to_handle(dir_fd, name, 0).ok().and_then(|(id, _)| self.cache.remove(&id));
+        let path_fd = sys::openat(dir_fd, name, libc::O_PATH | libc::O_NOFOLLOW, 0).ok();
+        Doomed { _cached: cached, _path_fd: path_fd }
     }
+}
 
-    fn evict_name(&self, dir: &CachedObject, name: &CString) {
-        if let Ok((id, _)) = sys::name_to_handle(dir.path_fd.as_raw_fd(), name, 0) {
-            self.cache.remove(&id);
-        }
-    }
+/// What a REMOVE, RMDIR or RENAME takes the place of, held until its entry lock is
+/// released ([`LocalFs::take_name`]).
+struct Doomed {
+    _cached: Option<Arc<CachedObject>>,
+    _path_fd: Option<OwnedFd>,
 }
 
 impl Vfs for LocalFs {
@@ -1557,8 +1563,7 @@ impl Vfs for LocalFs {
             return Err(VfsError::Access);
         }
         let c = sys::component(name)?;
-        self.evict_name(&dobj, &c);
-        let doomed = self.hold_name(&dobj, &c);
+        let doomed = self.take_name(&dobj, &c);
         let ((), [wcc]) = self.change_entries([(&*dobj, dattr.fileid)], || sys::unlink(&dobj.path_fd, &c, 0))?;
         drop(doomed);
         Ok(self.made(wcc, move || self.commit_dir(cred, &dobj, &dattr, since)))
@@ -1572,8 +1577,9 @@ impl Vfs for LocalFs {
             return Err(VfsError::Access);
         }
         let c = sys::component(name)?;
-        self.evict_name(&dobj, &c);
+        let doomed = self.take_name(&dobj, &c);
         let ((), [wcc]) = self.change_entries([(&*dobj, dattr.fileid)], || sys::unlink(&dobj.path_fd, &c, libc::AT_REMOVEDIR))?;
+        drop(doomed);
         Ok(self.made(wcc, move || self.commit_dir(cred, &dobj, &dattr, since)))
     }
 
@@ -1595,8 +1601,7 @@ impl Vfs for LocalFs {
         }
         let fc = sys::component(from)?;
         let tc = sys::component(to)?;
-        self.evict_name(&tobj, &tc);
-        let replaced = self.hold_name(&tobj, &tc);
+        let replaced = self.take_name(&tobj, &tc);
         let ((), [from_wcc, to_wcc]) =
             self.change_entries([(&*fobj, fattr.fileid), (&*tobj, tattr.fileid)], || sys::rename(&fobj.path_fd, &fc, &tobj.path_fd, &tc))?;
         drop(replaced);
@@ -2025,6 +2030,37 @@ mod tests {
         // pre-op ctime older than the change before it.
         let interleaved = spans.windows(2).filter(|w| w[1].1 != w[0].0).count();
         assert_eq!(interleaved, 0, "{interleaved} of {changes} replies had another change between their pre-op and post-op attributes");
+    }
+
+    /// Descriptors this process holds of files under `dir` that have no name left.
+    fn open_unlinked_under(dir: &std::path::Path) -> Vec<String> {
+        std::fs::read_dir("/proc/self/fd")
+            .expect("list /proc/self/fd")
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .map(|target| target.to_string_lossy().into_owned())
+            .filter(|target| target.starts_with(&*dir.to_string_lossy()) && target.ends_with(" (deleted)"))
+            .collect()
+    }
+
+    #[test]
+    fn a_removed_file_written_through_the_cache_is_closed_by_the_time_the_remove_returns() {
+        let (dir, fs) = export();
+        let root = Cred::root();
+        for (name, replace) in [(&b"removed"[..], false), (&b"replaced"[..], true)] {
+            let f = fs.create(&root, &fs.root(), name, &CreateHow::Guarded(SetAttrs::default())).durable().expect("create").obj;
+            let w = fs.write(&root, &f, 0, &[7u8; 64 * 1024], Stability::Unstable, Blocking::Allowed).expect("write");
+            assert_eq!(w.count, 64 * 1024);
+            if replace {
+                fs.create(&root, &fs.root(), b"other", &CreateHow::Guarded(SetAttrs::default())).durable().expect("create");
+                fs.rename(&root, &fs.root(), b"other", &fs.root(), name).durable().expect("rename over it");
+            } else {
+                fs.remove(&root, &fs.root(), name).durable().expect("remove");
+            }
+            // Its blocks are free once the last descriptor is closed: a client that removed
+            // a file to make room writes next, and must find the room there.
+            let held = open_unlinked_under(dir.path());
+            assert!(held.is_empty(), "still open after the call returned: {held:?}");
+        }
     }
 
     #[test]
