@@ -52,7 +52,7 @@ struct ServeArgs {
     /// exports(5) file with one or more exports and per-client options.
     #[arg(long, value_name = "FILE")]
     exports: Option<PathBuf>,
-    /// TOML configuration file (listen, portmap, state_dir, metrics, exports, busy_poll_us,
+    /// TOML configuration file (listen, portmap, state_dir, runtime_dir, metrics, exports, busy_poll_us,
     /// tcp_congestion, [limits]).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -67,6 +67,12 @@ struct ServeArgs {
     /// valid across restarts as long as this directory does.
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
+    /// A directory on a memory file system (tmpfs) for the live duplicate request
+    /// journal, copied to the state directory within 0.1 s and at a clean stop (default
+    /// /run/nasd where /run is tmpfs, else $XDG_RUNTIME_DIR/nasd, else /dev/shm/nasd-UID).
+    /// Elsewhere the journal is written to the state directory alone.
+    #[arg(long, value_name = "DIR")]
+    runtime_dir: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR:PORT/metrics.
     #[arg(long, value_name = "ADDR:PORT")]
     metrics: Option<SocketAddr>,
@@ -184,6 +190,9 @@ fn build_config(args: &ServeArgs) -> anyhow::Result<Config> {
     }
     if let Some(d) = &args.state_dir {
         config.state_dir = Some(d.clone());
+    }
+    if let Some(d) = &args.runtime_dir {
+        config.runtime_dir = Some(d.clone());
     }
     if let Some(m) = args.metrics {
         config.metrics = Some(m);

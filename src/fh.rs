@@ -31,6 +31,12 @@ impl HandleKey {
         Self { key }
     }
 
+    /// A name for this key that does not give it away: what files kept outside the state
+    /// directory for it are named by.
+    pub fn fingerprint(&self) -> [u8; 16] {
+        blake3::keyed_hash(&self.key, b"nasd key fingerprint").as_bytes()[..16].try_into().expect("16 bytes")
+    }
+
     /// Loads the key from `dir/handle-key`, creating it (mode 0600, in a directory of mode
     /// 0700) on first start. Whoever can write the directory or read the key can forge
     /// handles to any file of an exported file system, so a key or directory another user
@@ -38,7 +44,7 @@ impl HandleKey {
     pub fn load_or_create(dir: &Path) -> anyhow::Result<Self> {
         use std::io::Read;
         use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
-        private_dir(dir)?;
+        private_dir(dir, "state directory")?;
         let path = dir.join("handle-key");
         let no_follow = libc::O_NOFOLLOW | libc::O_CLOEXEC;
         match std::fs::OpenOptions::new().read(true).custom_flags(no_follow).open(&path) {
@@ -127,13 +133,14 @@ impl HandleKey {
 /// (tightened if it is ours). A symbolic link to such a directory counts as that
 /// directory only if the link is this server's too: one planted by another user where
 /// the state directory was to be could otherwise turn the server onto a directory of its
-/// own such as `/tmp`, and make it private.
-pub(crate) fn private_dir(dir: &Path) -> anyhow::Result<()> {
+/// own such as `/tmp`, and make it private. `what` names the directory in errors
+/// ("state directory").
+pub(crate) fn private_dir(dir: &Path, what: &str) -> anyhow::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     if let Ok(link) = std::fs::symlink_metadata(dir) {
         anyhow::ensure!(
             !link.file_type().is_symlink() || link.uid() == effective_uid(),
-            "state directory {} is a symbolic link that belongs to uid {}, not to this server (uid {})",
+            "{what} {} is a symbolic link that belongs to uid {}, not to this server (uid {})",
             dir.display(),
             link.uid(),
             effective_uid()
@@ -146,24 +153,24 @@ pub(crate) fn private_dir(dir: &Path) -> anyhow::Result<()> {
                     .recursive(true)
                     .mode(0o755)
                     .create(parent)
-                    .with_context(|| format!("creating {}, the state directory's parent", parent.display()))?;
+                    .with_context(|| format!("creating {}, the {what}'s parent", parent.display()))?;
             }
-            std::fs::DirBuilder::new().mode(0o700).create(dir).with_context(|| format!("creating state directory {}", dir.display()))
+            std::fs::DirBuilder::new().mode(0o700).create(dir).with_context(|| format!("creating {what} {}", dir.display()))
         }
-        Err(e) => Err(e).with_context(|| format!("state directory {}", dir.display())),
+        Err(e) => Err(e).with_context(|| format!("{what} {}", dir.display())),
         Ok(meta) => {
-            anyhow::ensure!(meta.is_dir(), "state directory {} is not a directory", dir.display());
+            anyhow::ensure!(meta.is_dir(), "{what} {} is not a directory", dir.display());
             anyhow::ensure!(
                 meta.uid() == effective_uid(),
-                "state directory {} belongs to uid {}, not to this server (uid {})",
+                "{what} {} belongs to uid {}, not to this server (uid {})",
                 dir.display(),
                 meta.uid(),
                 effective_uid()
             );
             if meta.mode() & 0o022 != 0 {
-                tracing::warn!(dir = %dir.display(), mode = format!("{:o}", meta.mode() & 0o7777), "the state directory was writable by others, who could replace the handle key: made private");
+                tracing::warn!(dir = %dir.display(), mode = format!("{:o}", meta.mode() & 0o7777), "the {what} was writable by others, who could replace what it holds: made private");
                 std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-                    .with_context(|| format!("making state directory {} private", dir.display()))?;
+                    .with_context(|| format!("making {what} {} private", dir.display()))?;
             }
             Ok(())
         }
@@ -214,6 +221,16 @@ pub(crate) fn replace_private_file(
     }
     dir.sync_all()?;
     Ok(file)
+}
+
+/// Whether `path` is on a file system kept in memory (tmpfs, ramfs): what it holds
+/// survives the process, not a reboot, and is never written to a disk.
+pub(crate) fn on_memory_file_system(path: &Path) -> bool {
+    const RAMFS_MAGIC: libc::c_long = 0x8584_58F6;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else { return false };
+    // SAFETY: statfs fills the zeroed struct; the path is a valid C string.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && matches!(st.f_type, libc::TMPFS_MAGIC | RAMFS_MAGIC) }
 }
 
 fn effective_uid() -> u32 {

@@ -215,10 +215,7 @@ mod tests {
     }
 
     fn on_tmpfs(dir: &Path) -> bool {
-        let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: statfs fills the zeroed struct; the path is a valid C string.
-        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-        unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type == libc::TMPFS_MAGIC }
+        crate::fh::on_memory_file_system(dir)
     }
 
     #[test]

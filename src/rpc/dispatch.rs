@@ -1,7 +1,7 @@
 //! Turns one RPC record into one reply: header checks, program and version selection, the
 //! duplicate request cache, and metrics. Transport-independent.
 
-use super::drc::{DrcKey, DuplicateRequestCache, Lookup};
+use super::drc::{DrcKey, DuplicateRequestCache, JournalPlace, Lookup};
 use super::held_up::HeldUp;
 use super::message::{self, AcceptError, HeaderError};
 use super::record::{begin_record, finish_record};
@@ -42,12 +42,12 @@ impl Dispatcher {
         Self { programs, held_up, drc: DuplicateRequestCache::new(drc_entries), metrics }
     }
 
-    /// Keeps the replies the programs name across restarts, in the journal at `path`
+    /// Keeps the replies the programs name across restarts, in the journal at `place`
     /// (replacing the cache, so before any call is served). `make_all_durable` makes every
     /// change durable, for replies an earlier process wrote before their change was
     /// ([`DuplicateRequestCache::with_journal`]).
-    pub fn with_drc_journal(mut self, path: &std::path::Path, make_all_durable: impl FnOnce() -> bool) -> std::io::Result<Self> {
-        self.drc = DuplicateRequestCache::with_journal(self.drc.capacity(), path, make_all_durable)?;
+    pub fn with_drc_journal(mut self, place: JournalPlace, make_all_durable: impl FnOnce() -> bool) -> std::io::Result<Self> {
+        self.drc = DuplicateRequestCache::with_journal_at(self.drc.capacity(), place, make_all_durable)?;
         Ok(self)
     }
 

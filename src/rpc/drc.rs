@@ -10,6 +10,15 @@
 //! EEXIST for its CREATE or ENOENT for its REMOVE. The file is written without a sync:
 //! it survives the process, not a power cut.
 //!
+//! Where a memory file system (tmpfs) is at hand, the writes go to a file there (the
+//! live journal, which survives the process but not the boot) and are copied to the
+//! state directory's within [`MIRROR_DELAY`], and at a clean stop. A reply is then not
+//! a page for the next `syncfs` of the state directory's file system to write: where an
+//! export on that file system has no journal, every namespace change is made durable
+//! with `syncfs`, and the journal's page cost each such change a write and its wait
+//! (about 80 µs on a virtio disk, docs/performance.md). A new process of the same boot
+//! starts from the live journal, one after a reboot from the state directory's copy.
+//!
 //! A change's reply is written twice: once made, before the change is durable (the
 //! directory's sync is most of such a call's time, so that is when a kill most likely
 //! comes), and again once it is. A reply of the first kind is replayed only by a process
@@ -25,7 +34,9 @@ use std::net::{IpAddr, Ipv6Addr};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Bytes of arguments covered by the checksum; with the total length this tells apart
 /// reused XIDs without hashing a whole 1 MiB WRITE (256 bytes hold a WRITE's handle,
@@ -118,6 +129,7 @@ enum Kept {
 /// sequence number modulo the slot count), each with a checksum, so a slot half written
 /// or left from another layout is skipped when read.
 struct Journal {
+    /// The file replies are written to: the state directory's journal, or the live one.
     file: File,
     slots: u64,
     next: AtomicU64,
@@ -125,7 +137,26 @@ struct Journal {
     /// This boot of the kernel, if known: a reply written before its change was durable
     /// is trusted only by a later process of the same boot.
     boot: Option<[u8; 16]>,
+    /// With a live journal: what copies its slots to the state directory's.
+    mirror: Option<Mirror>,
 }
+
+/// Where the duplicate request journal is kept.
+#[derive(Debug, Clone, Copy)]
+pub enum JournalPlace<'a> {
+    /// Written straight to this file of the state directory.
+    Direct(&'a Path),
+    /// Written to `live`, a file on a memory file system, and copied from there to
+    /// `kept`, in the state directory, within [`MIRROR_DELAY`] and at a clean stop.
+    Mirrored { live: &'a Path, kept: &'a Path },
+}
+
+/// How long replies written to the live journal wait to be copied to the state
+/// directory's together: one page for a later `syncfs` to write, instead of one for
+/// every change. A power cut can take the replies of this last stretch (with their
+/// calls' retransmissions then answered by what is true, as from knfsd, whose cache
+/// keeps nothing across a restart at all).
+pub const MIRROR_DELAY: Duration = Duration::from_millis(100);
 
 /// One reply read back from the journal.
 struct Found {
@@ -245,7 +276,8 @@ impl Journal {
         let slots = slots.max(1);
         let laid_out = (slots * SLOT) as u64;
         let length = file.metadata()?.len();
-        let mut journal = Journal { file, slots: slots as u64, next: AtomicU64::new(0), warned: AtomicBool::new(false), boot };
+        let mut journal =
+            Journal { file, slots: slots as u64, next: AtomicU64::new(0), warned: AtomicBool::new(false), boot, mirror: None };
         // Read slot by slot (a journal of another slot count can be of any size), keeping
         // the newest `slots` replies.
         let mut found = Vec::new();
@@ -295,6 +327,45 @@ impl Journal {
         Ok((journal, found))
     }
 
+    /// Opens the journal at `place` ([`Self::open`]). Mirrored: from the live journal
+    /// where there is one (this boot's newest), else from the state directory's copy
+    /// (after a reboot, which empties the memory file system); the other file is
+    /// then made a copy of it, and the live one is written from here on.
+    fn open_at(place: JournalPlace, slots: usize, boot: Option<[u8; 16]>) -> std::io::Result<(Journal, Vec<Found>)> {
+        let (live, kept) = match place {
+            JournalPlace::Direct(path) => return Self::open(path, slots, boot),
+            JournalPlace::Mirrored { live, kept } => (live, kept),
+        };
+        let from_live = std::fs::symlink_metadata(live).is_ok();
+        let (mut journal, found) = Self::open(if from_live { live } else { kept }, slots, boot)?;
+        let length = journal.slots * SLOT as u64;
+        let (live_file, kept_file) = if from_live {
+            // A kill can leave replies the copy had not reached yet.
+            let kept_file = crate::fh::open_private_file(kept)?;
+            kept_file.set_len(0)?;
+            kept_file.set_len(length)?;
+            copy_slots(&journal.file, &kept_file, length)?;
+            (journal.file, kept_file)
+        } else {
+            // Put in place whole, so a start that dies half way leaves none.
+            let mut name = live.as_os_str().to_owned();
+            name.push(".new");
+            let new = std::path::PathBuf::from(name);
+            match std::fs::remove_file(&new) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+            let live_file = crate::fh::open_private_file(&new)?;
+            live_file.set_len(length)?;
+            copy_slots(&journal.file, &live_file, length)?;
+            std::fs::rename(&new, live)?;
+            (live_file, journal.file)
+        };
+        journal.mirror = Some(Mirror::start(live_file.try_clone()?, kept_file)?);
+        journal.file = live_file;
+        Ok((journal, found))
+    }
+
     /// A sequence number, and so a slot, for a reply to be written.
     fn take_seq(&self) -> u64 {
         self.next.fetch_add(1, Ordering::Relaxed)
@@ -322,10 +393,130 @@ impl Journal {
     }
 
     fn write_slot(&self, seq: u64, slot: &[u8]) {
-        if let Err(e) = self.file.write_all_at(slot, (seq % self.slots) * SLOT as u64) {
+        let index = seq % self.slots;
+        if let Err(e) = self.file.write_all_at(slot, index * SLOT as u64) {
             if !self.warned.swap(true, Ordering::Relaxed) {
                 tracing::warn!(error = %e, "writing the duplicate request journal failed: replies are kept in memory only");
             }
+            return;
+        }
+        // Marked once written: a copy that runs between the two copies it the next time.
+        if let Some(mirror) = &self.mirror {
+            mirror.copy_later(index);
+        }
+    }
+}
+
+/// Copies the slots of `from` that hold anything to `to`, over the first `length` bytes.
+fn copy_slots(from: &File, to: &File, length: u64) -> std::io::Result<()> {
+    let mut chunk = vec![0u8; 64 * SLOT];
+    let mut at = 0;
+    while at < length {
+        let n = chunk.len().min((length - at) as usize);
+        from.read_exact_at(&mut chunk[..n], at)?;
+        for (i, slot) in chunk[..n].chunks(SLOT).enumerate() {
+            if slot.iter().any(|&b| b != 0) {
+                to.write_all_at(slot, at + (i * SLOT) as u64)?;
+            }
+        }
+        at += n as u64;
+    }
+    Ok(())
+}
+
+/// Copies the slots written to the live journal to the state directory's, on a thread
+/// of its own, [`MIRROR_DELAY`] after the first of them; and all that are left when it
+/// is dropped, which waits for that.
+struct Mirror {
+    files: Arc<MirrorFiles>,
+    wake: Option<SyncSender<()>>,
+    copier: Option<std::thread::JoinHandle<()>>,
+}
+
+struct MirrorFiles {
+    live: File,
+    kept: File,
+    /// Slots written to the live journal and not copied since.
+    pending: Mutex<std::collections::BTreeSet<u64>>,
+    /// Held by a copy, so that two never write one slot out of order.
+    copying: Mutex<()>,
+    warned: AtomicBool,
+}
+
+impl MirrorFiles {
+    fn copy_pending(&self) -> std::io::Result<()> {
+        let _copying = self.copying.lock();
+        let pending = std::mem::take(&mut *self.pending.lock());
+        let mut slot = [0u8; SLOT];
+        for index in pending {
+            let at = index * SLOT as u64;
+            self.live.read_exact_at(&mut slot, at)?;
+            self.kept.write_all_at(&slot, at)?;
+        }
+        Ok(())
+    }
+
+    fn copy_or_warn(&self) {
+        if let Err(e) = self.copy_pending() {
+            if !self.warned.swap(true, Ordering::Relaxed) {
+                tracing::warn!(error = %e, "copying the duplicate request journal to the state directory failed: replies written since survive the process, not a reboot");
+            }
+        }
+    }
+}
+
+impl Mirror {
+    fn start(live: File, kept: File) -> std::io::Result<Self> {
+        let files = Arc::new(MirrorFiles {
+            live,
+            kept,
+            pending: Mutex::new(Default::default()),
+            copying: Mutex::new(()),
+            warned: AtomicBool::new(false),
+        });
+        let (wake, woken) = sync_channel::<()>(1);
+        let copied = files.clone();
+        let copier = std::thread::Builder::new().name("nasd-drc-copy".into()).spawn(move || {
+            while woken.recv().is_ok() {
+                // The writes of the next stretch go in the same copy; a stop ends it.
+                let until = Instant::now() + MIRROR_DELAY;
+                let stopped = loop {
+                    match woken.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                        Ok(()) => continue,
+                        Err(RecvTimeoutError::Timeout) => break false,
+                        Err(RecvTimeoutError::Disconnected) => break true,
+                    }
+                };
+                copied.copy_or_warn();
+                if stopped {
+                    return;
+                }
+            }
+            copied.copy_or_warn();
+        })?;
+        Ok(Self { files, wake: Some(wake), copier: Some(copier) })
+    }
+
+    fn copy_later(&self, index: u64) {
+        self.files.pending.lock().insert(index);
+        if let Some(wake) = &self.wake {
+            // Full: a wake-up is already waiting, and its copy takes this slot too.
+            let _ = wake.try_send(());
+        }
+    }
+
+    /// Copies what is left now and makes the copy durable (a clean stop).
+    fn flush(&self) -> std::io::Result<()> {
+        self.files.copy_pending()?;
+        self.files.kept.sync_data()
+    }
+}
+
+impl Drop for Mirror {
+    fn drop(&mut self) {
+        drop(self.wake.take());
+        if let Some(copier) = self.copier.take() {
+            let _ = copier.join();
         }
     }
 }
@@ -403,16 +594,21 @@ impl DuplicateRequestCache {
     /// `make_all_durable` (called once, if there are any) makes every change durable and
     /// says so.
     pub fn with_journal(capacity: usize, path: &Path, make_all_durable: impl FnOnce() -> bool) -> std::io::Result<Self> {
-        Self::with_journal_of_boot(capacity, path, kernel_boot(), make_all_durable)
+        Self::with_journal_at(capacity, JournalPlace::Direct(path), make_all_durable)
+    }
+
+    /// [`Self::with_journal`], with the journal at `place`.
+    pub fn with_journal_at(capacity: usize, place: JournalPlace, make_all_durable: impl FnOnce() -> bool) -> std::io::Result<Self> {
+        Self::with_journal_of_boot(capacity, place, kernel_boot(), make_all_durable)
     }
 
     fn with_journal_of_boot(
         capacity: usize,
-        path: &Path,
+        place: JournalPlace,
         boot: Option<[u8; 16]>,
         make_all_durable: impl FnOnce() -> bool,
     ) -> std::io::Result<Self> {
-        let (journal, found) = Journal::open(path, capacity, boot)?;
+        let (journal, found) = Journal::open_at(place, capacity, boot)?;
         let unsettled = found.iter().filter(|f| f.kept == Kept::Made && f.this_boot).count();
         let settled = unsettled > 0 && make_all_durable();
         if settled {
@@ -450,6 +646,15 @@ impl DuplicateRequestCache {
         }
         cache.journal = Some(journal);
         Ok(cache)
+    }
+
+    /// At a clean stop: the replies written to a live journal, copied to the state
+    /// directory's and made durable there, so that they outlive a reboot that follows.
+    pub fn flush_journal(&self) -> std::io::Result<()> {
+        match self.journal.as_ref().and_then(|j| j.mirror.as_ref()) {
+            Some(mirror) => mirror.flush(),
+            None => Ok(()),
+        }
     }
 
     /// Where the procedure of the call `key` puts its reply aside before its change is
@@ -759,7 +964,7 @@ mod tests {
     fn a_journal_opened_with_more_slots_keeps_its_replies_in_their_new_slots() {
         let (_dir, path) = scratch_journal();
         {
-            let drc = DuplicateRequestCache::with_journal_of_boot(4, &path, BOOT, || true).unwrap();
+            let drc = DuplicateRequestCache::with_journal_of_boot(4, JournalPlace::Direct(&path), BOOT, || true).unwrap();
             for x in 0..7 {
                 completed(&drc, &key(x, b"a"), vec![x as u8; 40], true);
             }
@@ -772,8 +977,10 @@ mod tests {
         // Opened with 5 slots, in another boot, twice: dropping the reply put aside must
         // not wipe a kept one (nasd once cleared it in slot 7 % 5 = 2, XID 6's).
         for _ in 0..2 {
-            let drc =
-                DuplicateRequestCache::with_journal_of_boot(5, &path, NEXT_BOOT, || panic!("nothing of this boot to settle")).unwrap();
+            let drc = DuplicateRequestCache::with_journal_of_boot(5, JournalPlace::Direct(&path), NEXT_BOOT, || {
+                panic!("nothing of this boot to settle")
+            })
+            .unwrap();
             for x in 4..7 {
                 assert_eq!(drc.begin(&key(x, b"a")), Lookup::Replay(reply(vec![x as u8; 40])), "xid {x}");
             }
@@ -782,10 +989,10 @@ mod tests {
         }
         // Replies written in the new layout are read back with the others.
         {
-            let drc = DuplicateRequestCache::with_journal_of_boot(5, &path, NEXT_BOOT, || true).unwrap();
+            let drc = DuplicateRequestCache::with_journal_of_boot(5, JournalPlace::Direct(&path), NEXT_BOOT, || true).unwrap();
             completed(&drc, &key(10, b"a"), vec![10; 40], true);
         }
-        let drc = DuplicateRequestCache::with_journal_of_boot(5, &path, NEXT_BOOT, || true).unwrap();
+        let drc = DuplicateRequestCache::with_journal_of_boot(5, JournalPlace::Direct(&path), NEXT_BOOT, || true).unwrap();
         for x in [4, 5, 6, 10] {
             assert_eq!(drc.begin(&key(x, b"a")), Lookup::Replay(reply(vec![x as u8; 40])), "xid {x}");
         }
@@ -829,7 +1036,7 @@ mod tests {
 
     /// The same, with a journal of `slots` slots.
     fn killed_during_the_sync_in(slots: usize, path: &Path, boot: Option<[u8; 16]>, k: &DrcKey, early: &[u8]) {
-        let drc = DuplicateRequestCache::with_journal_of_boot(slots, path, boot, || true).unwrap();
+        let drc = DuplicateRequestCache::with_journal_of_boot(slots, JournalPlace::Direct(path), boot, || true).unwrap();
         assert_eq!(drc.begin(k), Lookup::New);
         drc.keep_before_durable(k, early);
     }
@@ -840,7 +1047,7 @@ mod tests {
         let k = key(1, b"create");
         killed_during_the_sync(&path, BOOT, &k, &[7; 200]);
         let mut settles = 0;
-        let drc = DuplicateRequestCache::with_journal_of_boot(8, &path, BOOT, || {
+        let drc = DuplicateRequestCache::with_journal_of_boot(8, JournalPlace::Direct(&path), BOOT, || {
             settles += 1;
             true
         })
@@ -849,7 +1056,9 @@ mod tests {
         assert_eq!(drc.begin(&k), Lookup::Replay(reply(vec![7; 200])));
         drop(drc);
         // Settled, it is as durable as any: a process of another boot replays it too.
-        let drc = DuplicateRequestCache::with_journal_of_boot(8, &path, NEXT_BOOT, || panic!("nothing left to settle")).unwrap();
+        let drc =
+            DuplicateRequestCache::with_journal_of_boot(8, JournalPlace::Direct(&path), NEXT_BOOT, || panic!("nothing left to settle"))
+                .unwrap();
         assert_eq!(drc.begin(&k), Lookup::Replay(reply(vec![7; 200])));
     }
 
@@ -858,12 +1067,12 @@ mod tests {
         let (_dir, path) = scratch_journal();
         let (made, durable) = (key(1, b"remove"), key(2, b"mkdir"));
         {
-            let drc = DuplicateRequestCache::with_journal_of_boot(8, &path, BOOT, || true).unwrap();
+            let drc = DuplicateRequestCache::with_journal_of_boot(8, JournalPlace::Direct(&path), BOOT, || true).unwrap();
             completed(&drc, &durable, vec![2; 100], true);
         }
         killed_during_the_sync(&path, BOOT, &made, &[1; 100]);
         // The settling failed: the change may not be durable.
-        let drc = DuplicateRequestCache::with_journal_of_boot(8, &path, BOOT, || false).unwrap();
+        let drc = DuplicateRequestCache::with_journal_of_boot(8, JournalPlace::Direct(&path), BOOT, || false).unwrap();
         assert_eq!(drc.begin(&made), Lookup::New);
         assert_eq!(drc.begin(&durable), Lookup::Replay(reply(vec![2; 100])));
         drop(drc);
@@ -871,7 +1080,10 @@ mod tests {
         // boot is unknown vouches for nothing.
         for boot in [NEXT_BOOT, None] {
             killed_during_the_sync(&path, BOOT, &made, &[1; 100]);
-            let drc = DuplicateRequestCache::with_journal_of_boot(8, &path, boot, || panic!("nothing of this boot to settle")).unwrap();
+            let drc = DuplicateRequestCache::with_journal_of_boot(8, JournalPlace::Direct(&path), boot, || {
+                panic!("nothing of this boot to settle")
+            })
+            .unwrap();
             assert_eq!(drc.begin(&made), Lookup::New);
             assert_eq!(drc.begin(&durable), Lookup::Replay(reply(vec![2; 100])));
         }
@@ -882,7 +1094,7 @@ mod tests {
         let (_dir, path) = scratch_journal();
         let (failed, abandoned) = (key(1, b"rename"), key(2, b"link"));
         {
-            let drc = DuplicateRequestCache::with_journal_of_boot(2, &path, BOOT, || true).unwrap();
+            let drc = DuplicateRequestCache::with_journal_of_boot(2, JournalPlace::Direct(&path), BOOT, || true).unwrap();
             assert_eq!(drc.begin(&failed), Lookup::New);
             drc.keep_before_durable(&failed, &[1; 60]);
             // Its sync failed: the reply sent says so.
@@ -891,7 +1103,8 @@ mod tests {
             drc.keep_before_durable(&abandoned, &[2; 60]);
             drc.abandon(&abandoned);
         }
-        let drc = DuplicateRequestCache::with_journal_of_boot(2, &path, BOOT, || panic!("nothing to settle")).unwrap();
+        let drc =
+            DuplicateRequestCache::with_journal_of_boot(2, JournalPlace::Direct(&path), BOOT, || panic!("nothing to settle")).unwrap();
         assert_eq!(drc.begin(&failed), Lookup::Replay(reply(vec![5; 30])));
         assert_eq!(drc.begin(&abandoned), Lookup::New);
     }
@@ -901,7 +1114,7 @@ mod tests {
         let (_dir, path) = scratch_journal();
         let slow = key(1, b"slow create");
         {
-            let drc = DuplicateRequestCache::with_journal_of_boot(2, &path, BOOT, || true).unwrap();
+            let drc = DuplicateRequestCache::with_journal_of_boot(2, JournalPlace::Direct(&path), BOOT, || true).unwrap();
             assert_eq!(drc.begin(&slow), Lookup::New);
             drc.keep_before_durable(&slow, &[1; 40]);
             // Meanwhile two other calls complete: the second takes the slow call's slot.
@@ -909,12 +1122,13 @@ mod tests {
             completed(&drc, &key(3, b"b"), vec![3; 40], true);
             drc.complete(&slow, reply(vec![9; 40]), true);
         }
-        let drc = DuplicateRequestCache::with_journal_of_boot(2, &path, BOOT, || panic!("nothing to settle")).unwrap();
+        let drc =
+            DuplicateRequestCache::with_journal_of_boot(2, JournalPlace::Direct(&path), BOOT, || panic!("nothing to settle")).unwrap();
         assert_eq!(drc.begin(&slow), Lookup::Replay(reply(vec![9; 40])), "its final reply took a slot of its own");
         assert_eq!(drc.begin(&key(3, b"b")), Lookup::Replay(reply(vec![3; 40])), "the newer reply in its old slot survived");
         drop(drc);
         // Abandoned that late, it clears nothing of anyone else's.
-        let drc = DuplicateRequestCache::with_journal_of_boot(2, &path, BOOT, || true).unwrap();
+        let drc = DuplicateRequestCache::with_journal_of_boot(2, JournalPlace::Direct(&path), BOOT, || true).unwrap();
         let late = key(4, b"late");
         assert_eq!(drc.begin(&late), Lookup::New);
         drc.keep_before_durable(&late, &[4; 40]);
@@ -922,7 +1136,7 @@ mod tests {
         completed(&drc, &key(6, b"d"), vec![6; 40], true);
         drc.abandon(&late);
         drop(drc);
-        let drc = DuplicateRequestCache::with_journal_of_boot(2, &path, BOOT, || true).unwrap();
+        let drc = DuplicateRequestCache::with_journal_of_boot(2, JournalPlace::Direct(&path), BOOT, || true).unwrap();
         assert_eq!(drc.begin(&key(6, b"d")), Lookup::Replay(reply(vec![6; 40])));
         assert_eq!(drc.begin(&key(5, b"c")), Lookup::Replay(reply(vec![5; 40])));
     }
@@ -932,12 +1146,13 @@ mod tests {
         let (_dir, path) = scratch_journal();
         let k = key(1, b"setattr");
         {
-            let drc = DuplicateRequestCache::with_journal_of_boot(4, &path, BOOT, || true).unwrap();
+            let drc = DuplicateRequestCache::with_journal_of_boot(4, JournalPlace::Direct(&path), BOOT, || true).unwrap();
             assert_eq!(drc.begin(&k), Lookup::New);
             drc.keep_before_durable(&k, &[1; 40]);
             drc.complete(&k, reply(vec![2; SLOT]), true);
         }
-        let drc = DuplicateRequestCache::with_journal_of_boot(4, &path, BOOT, || panic!("nothing to settle")).unwrap();
+        let drc =
+            DuplicateRequestCache::with_journal_of_boot(4, JournalPlace::Direct(&path), BOOT, || panic!("nothing to settle")).unwrap();
         assert_eq!(drc.begin(&k), Lookup::New);
     }
 
@@ -951,19 +1166,74 @@ mod tests {
         // Two slots of a journal laid out for two: opened with 4, it is rewritten.
         let journal = [first_layout_slot(4, &k, &[7, 8, 9]), first_layout_slot(5, &big, &big_reply)].concat();
         std::fs::write(&path, &journal).unwrap();
-        let drc = DuplicateRequestCache::with_journal_of_boot(4, &path, BOOT, || panic!("nothing to settle")).unwrap();
+        let drc =
+            DuplicateRequestCache::with_journal_of_boot(4, JournalPlace::Direct(&path), BOOT, || panic!("nothing to settle")).unwrap();
         assert_eq!(drc.begin(&k), Lookup::Replay(reply(vec![7, 8, 9])));
         assert_eq!(drc.begin(&big), Lookup::New, "too big for a slot of this layout: dropped");
         // New replies go on from its sequence number, without overwriting it.
         completed(&drc, &key(1, b"a"), vec![1; 10], true);
         drop(drc);
-        let drc = DuplicateRequestCache::with_journal_of_boot(4, &path, BOOT, || true).unwrap();
+        let drc = DuplicateRequestCache::with_journal_of_boot(4, JournalPlace::Direct(&path), BOOT, || true).unwrap();
         assert_eq!(drc.begin(&k), Lookup::Replay(reply(vec![7, 8, 9])));
         assert_eq!(drc.begin(&key(1, b"a")), Lookup::Replay(reply(vec![1; 10])));
         // Of the same layout, it is read as it is.
         std::fs::write(&path, [first_layout_slot(4, &k, &[7, 8, 9]), first_layout_slot(5, &big, &big_reply)].concat()).unwrap();
-        let drc = DuplicateRequestCache::with_journal_of_boot(2, &path, BOOT, || panic!("nothing to settle")).unwrap();
+        let drc =
+            DuplicateRequestCache::with_journal_of_boot(2, JournalPlace::Direct(&path), BOOT, || panic!("nothing to settle")).unwrap();
         assert_eq!(drc.begin(&big), Lookup::Replay(reply(big_reply)));
+    }
+
+    /// Whether `file` holds a slot whose reply is `reply`, read as a start would.
+    fn file_holds(file: &Path, reply: &[u8]) -> bool {
+        std::fs::read(file).unwrap_or_default().windows(reply.len()).any(|w| w == reply)
+    }
+
+    #[test]
+    fn a_live_journal_is_copied_to_the_state_directory_and_a_start_after_a_reboot_replays_from_the_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let (live, kept) = (dir.path().join("live"), dir.path().join("kept"));
+        let place = JournalPlace::Mirrored { live: &live, kept: &kept };
+        let created = vec![0xC1; 300];
+        {
+            let drc = DuplicateRequestCache::with_journal_of_boot(8, place, BOOT, || true).unwrap();
+            completed(&drc, &key(1, b"create"), created.clone(), true);
+            assert!(file_holds(&live, &created), "the reply is written to the live journal at once");
+            // The copy follows within MIRROR_DELAY, with the process still running.
+            let until = Instant::now() + Duration::from_secs(10);
+            while !file_holds(&kept, &created) {
+                assert!(Instant::now() < until, "the reply never reached the state directory's journal");
+                std::thread::sleep(MIRROR_DELAY / 4);
+            }
+            completed(&drc, &key(2, b"remove"), vec![0xC2; 100], true);
+            drc.flush_journal().unwrap();
+            assert!(file_holds(&kept, &[0xC2; 100]), "a clean stop copies what is left at once");
+        }
+        // A reboot empties the memory file system.
+        std::fs::remove_file(&live).unwrap();
+        let drc = DuplicateRequestCache::with_journal_of_boot(8, place, NEXT_BOOT, || panic!("nothing of this boot to settle")).unwrap();
+        assert_eq!(drc.begin(&key(1, b"create")), Lookup::Replay(reply(created.clone())));
+        assert_eq!(drc.begin(&key(2, b"remove")), Lookup::Replay(reply(vec![0xC2; 100])));
+        assert!(file_holds(&live, &created), "the live journal starts as a copy of the state directory's");
+    }
+
+    #[test]
+    fn a_start_in_the_same_boot_takes_the_live_journal_and_brings_the_state_directorys_copy_up_to_date() {
+        let dir = tempfile::tempdir().unwrap();
+        let (live, kept) = (dir.path().join("live"), dir.path().join("kept"));
+        let place = JournalPlace::Mirrored { live: &live, kept: &kept };
+        drop(DuplicateRequestCache::with_journal_of_boot(8, place, BOOT, || true).unwrap());
+        // A process killed before the copy: its last replies are in the live journal alone.
+        let k = key(3, b"rename");
+        killed_during_the_sync(&live, BOOT, &k, &[0xC3; 120]);
+        assert!(!file_holds(&kept, &[0xC3; 120]));
+        let drc = DuplicateRequestCache::with_journal_of_boot(8, place, BOOT, || true).unwrap();
+        assert_eq!(drc.begin(&k), Lookup::Replay(reply(vec![0xC3; 120])), "the live journal was not read");
+        drop(drc);
+        assert!(file_holds(&kept, &[0xC3; 120]), "the state directory's copy was not brought up to date");
+        // Made good at that start, the reply is durable in the copy too: the next boot has it.
+        std::fs::remove_file(&live).unwrap();
+        let drc = DuplicateRequestCache::with_journal_of_boot(8, place, NEXT_BOOT, || panic!("nothing of this boot to settle")).unwrap();
+        assert_eq!(drc.begin(&k), Lookup::Replay(reply(vec![0xC3; 120])));
     }
 
     /// A slot as nasd wrote it before the boot and state fields.

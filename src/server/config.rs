@@ -14,6 +14,11 @@ pub struct Config {
     pub portmap_port: u16,
     /// Where the file-handle key lives; handles stay valid as long as it does.
     pub state_dir: Option<PathBuf>,
+    /// A directory on a memory file system (tmpfs) for the live duplicate request journal,
+    /// which the state directory's copy follows (`rpc::drc`). Unset: `/run/nasd` where
+    /// `/run` is one, else `$XDG_RUNTIME_DIR/nasd`, else `/dev/shm/nasd-UID`. Elsewhere
+    /// (or if none is found) the journal is written to the state directory alone.
+    pub runtime_dir: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR/metrics.
     pub metrics: Option<SocketAddr>,
     /// exports(5) file.
@@ -68,6 +73,7 @@ impl Default for Config {
             portmap: false,
             portmap_port: 111,
             state_dir: None,
+            runtime_dir: None,
             metrics: None,
             exports: None,
             busy_poll_us: 50,
@@ -210,6 +216,28 @@ impl Config {
             .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
             .unwrap_or_else(|| PathBuf::from("."));
         base.join("nasd")
+    }
+
+    /// Where the live duplicate request journal goes: the `runtime_dir` set, or the first
+    /// of its defaults on a memory file system; `None` where there is none. The caller
+    /// checks a directory that was set.
+    pub fn runtime_dir(&self) -> Option<PathBuf> {
+        if let Some(d) = &self.runtime_dir {
+            return Some(d.clone());
+        }
+        let run = std::path::Path::new("/run");
+        // SAFETY: geteuid has no preconditions.
+        let uid = unsafe { libc::geteuid() };
+        if uid == 0 && crate::fh::on_memory_file_system(run) {
+            return Some(run.join("nasd"));
+        }
+        if let Some(xdg) = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from) {
+            if crate::fh::on_memory_file_system(&xdg) {
+                return Some(xdg.join("nasd"));
+            }
+        }
+        let shm = std::path::Path::new("/dev/shm");
+        crate::fh::on_memory_file_system(shm).then(|| shm.join(format!("nasd-{uid}")))
     }
 }
 

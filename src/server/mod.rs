@@ -21,6 +21,7 @@ use crate::mount3::Mount3;
 use crate::nfs3::Nfs3;
 use crate::portmap::Portmap;
 use crate::rpc::dispatch::Dispatcher;
+use crate::rpc::drc::JournalPlace;
 use crate::rpc::record::{RecordLimits, RecordPool};
 use crate::rpc::RpcProgram;
 use anyhow::Context;
@@ -132,12 +133,42 @@ async fn bind_udp(addr: SocketAddr) -> anyhow::Result<UdpSocket> {
 /// File in the state directory that keeps namespace changes' replies across restarts.
 const DRC_JOURNAL: &str = "drc-journal";
 
+/// The live duplicate request journal's file in `runtime_dir`, made private to this
+/// server if need be; `None` (the journal goes to the state directory alone) where the
+/// directory is not on a memory file system or cannot be used. Named by the state
+/// directory's key and inode: a copy of the state directory run by a second server on
+/// the same machine gets a live journal of its own.
+fn live_journal_path(runtime_dir: &std::path::Path, state_dir: &std::path::Path, key_fingerprint: &[u8; 16]) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    // Not made yet: where it would be made.
+    let probe = if runtime_dir.exists() { runtime_dir } else { runtime_dir.parent().unwrap_or(runtime_dir) };
+    if !crate::fh::on_memory_file_system(probe) {
+        tracing::info!(runtime_dir = %runtime_dir.display(), "not on a memory file system: the duplicate request journal is written to the state directory");
+        return None;
+    }
+    if let Err(e) = crate::fh::private_dir(runtime_dir, "runtime directory") {
+        tracing::warn!(error = format!("{e:#}"), "the duplicate request journal is written to the state directory");
+        return None;
+    }
+    let state = match std::fs::metadata(state_dir) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!(error = %e, state_dir = %state_dir.display(), "the duplicate request journal is written to the state directory");
+            return None;
+        }
+    };
+    let mut name = blake3::Hasher::new();
+    name.update(key_fingerprint).update(&state.dev().to_le_bytes()).update(&state.ino().to_le_bytes());
+    let name = name.finalize().to_hex();
+    Some(runtime_dir.join(format!("{DRC_JOURNAL}-{}", &name[..16])))
+}
+
 /// Takes the state directory for this process alone (an `flock` of `lock` in it, which
 /// goes with the process however it ends): two servers on one directory would overwrite
 /// each other's duplicate request journal, and two first starts at once could each
 /// serve handles made with a key the other then installs.
 fn lock_state_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
-    crate::fh::private_dir(dir).with_context(|| format!("state directory {} (set --state-dir)", dir.display()))?;
+    crate::fh::private_dir(dir, "state directory").with_context(|| format!("state directory {} (set --state-dir)", dir.display()))?;
     let path = dir.join("lock");
     let file = crate::fh::open_private_file(&path).with_context(|| format!("opening {}", path.display()))?;
     // SAFETY: plain syscall on an open descriptor.
@@ -183,6 +214,7 @@ impl Server {
         metrics.register(crate::mount3::PROGRAM, "mount3", &crate::mount3::proc::NAMES);
         metrics.register(crate::portmap::PROGRAM, "portmap", &crate::portmap::proc::NAMES);
         let metrics = Arc::new(metrics);
+        let key_fingerprint = key.fingerprint();
         let state = Arc::new(ServerState::new(exports, key, metrics.clone()));
 
         let main_tcp = bind_tcp(config.listen).await?;
@@ -221,9 +253,15 @@ impl Server {
             Arc::new(Portmap::new(state.nfs_port.clone(), pmap_port)),
         ];
         let busy_poll = BusyPoll::new(std::time::Duration::from_micros(config.busy_poll_us), metrics.busy_poll.clone());
+        let kept_journal = state_dir.join(DRC_JOURNAL);
+        let live_journal = config.runtime_dir().and_then(|dir| live_journal_path(&dir, &state_dir, &key_fingerprint));
+        let journal = match &live_journal {
+            Some(live) => JournalPlace::Mirrored { live, kept: &kept_journal },
+            None => JournalPlace::Direct(&kept_journal),
+        };
         let shared = Arc::new(Shared {
             dispatcher: Dispatcher::new(programs, config.limits.drc_entries, metrics.clone())
-                .with_drc_journal(&state_dir.join(DRC_JOURNAL), || {
+                .with_drc_journal(journal, || {
                     make_exports_durable(&state, std::time::Duration::from_secs(config.limits.start_sync_timeout_secs))
                 })
                 .with_context(|| format!("duplicate request journal in {}", state_dir.display()))?,
@@ -275,6 +313,9 @@ impl Server {
         shutdown.await;
         tracing::info!("shutting down");
         tasks.abort_all();
+        if let Err(e) = self.shared.dispatcher.drc().flush_journal() {
+            tracing::warn!(error = %e, "the duplicate request journal could not be copied to the state directory: the last replies outlive this process, not a reboot");
+        }
         drop(self.shared);
         Ok(())
     }

@@ -2,17 +2,19 @@
 driven by the raw client in rig/rpc.py."""
 
 import os
+import shutil
 import socket
 import struct
 import time
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `import rig`
 
-from rig.nasd import Nasd  # noqa: E402
+from rig.nasd import Nasd, runtime_root  # noqa: E402
 from rig import rpc  # noqa: E402
 from rig.rpc import (Nfs3Client, RpcClient, Packer, auth_sys, auth_raw, build_call, frame,  # noqa: E402
                      nfs3_args, decode_result, NFS_PROG, MOUNT_PROG, NFS_V3)
@@ -259,6 +261,57 @@ def test_drc_retransmit_after_a_server_kill_gets_the_first_reply(tmp_path, what)
             # A new call (new XID) does run, and finds the change made.
             r = c2.nfs(proc, args)
             assert r.status != rpc.NFS3_OK, "the same change again should fail"
+
+
+def journal_holds_reply_to(path, xid) -> bool:
+    """Whether the duplicate request journal at `path` holds a reply to `xid` (a framed
+    reply starts with its record mark, then the XID and the message type REPLY)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return False
+    return struct.pack(">II", xid, 1) in data
+
+
+@pytest.mark.parametrize("stop", ["clean stop", "kill"])
+def test_drc_replies_outlive_a_reboot_through_the_state_directorys_copy(tmp_path, stop):
+    """The journal is written to a memory file system (the live journal) and copied to
+    the state directory: at a clean stop at once, while serving within a tenth of a
+    second. A reboot empties the memory file system (here the runtime directory is
+    removed); the restarted nasd starts from the state directory's copy and answers the
+    resent CREATE with its first reply. Without the copy it would run again: EXIST."""
+    if runtime_root() is None:
+        pytest.skip("needs /dev/shm on a tmpfs for the live journal")
+    run = Path(tempfile.mkdtemp(prefix="nasd-test-run-", dir="/dev/shm"))
+    try:
+        export = make_export(tmp_path)
+        with Nasd(export, args=["--no-root-squash", "--runtime-dir", run]) as srv:
+            with Nfs3Client(srv.host, srv.port, cred=ROOT) as c1:
+                root = c1.root(srv.export_dir)
+                proc, args = nfs3_args.namespace_change(root, "create")
+                xid, msg = c1.build(NFS_PROG, 3, proc, args)
+                first = c1.resend(msg, xid)
+                assert decode_result(proc, first).ok
+            live = list(run.glob("drc-journal-*"))
+            assert len(live) == 1 and journal_holds_reply_to(live[0], xid), "the reply is not in the live journal"
+            kept = Path(srv.state_dir) / "drc-journal"
+            if stop == "clean stop":
+                assert srv.stop() == 0
+                assert journal_holds_reply_to(kept, xid), "a clean stop left the reply out of the state directory"
+            else:
+                deadline = time.monotonic() + 10
+                while not journal_holds_reply_to(kept, xid):
+                    assert time.monotonic() < deadline, "the reply never reached the state directory's journal"
+                    time.sleep(0.02)
+                srv.kill()
+            shutil.rmtree(run)
+            srv.start()
+            with Nfs3Client(srv.host, srv.port, cred=ROOT) as c2:
+                again = c2.resend(msg, xid)
+                assert again.raw == first.raw, (decode_result(proc, again).status, "ran again")
+            assert len(list(run.glob("drc-journal-*"))) == 1, "the live journal was not made again from the copy"
+    finally:
+        shutil.rmtree(run, ignore_errors=True)
 
 
 def test_retransmit_while_the_original_runs_is_not_run_again(srv, work):

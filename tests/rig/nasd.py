@@ -23,6 +23,7 @@ Binary: ``binary=`` argument, else ``$NASD_BINARY``, else
 
 from __future__ import annotations
 
+import atexit
 import os
 import random
 import signal as _signal
@@ -102,6 +103,27 @@ def _tcp_open(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
+_runtime_root: str | None = None
+
+
+def runtime_root() -> str | None:
+    """A directory on a memory file system for the live duplicate request journals of
+    every server of this test run (each names its file by its state dir), removed at
+    exit; None where /dev/shm is not a tmpfs (nasd then picks its own)."""
+    global _runtime_root
+    if _runtime_root is None:
+        try:
+            with open("/proc/self/mounts") as f:
+                shm = any(line.split()[1:3] == ["/dev/shm", "tmpfs"] for line in f)
+        except OSError:
+            shm = False
+        if not shm:
+            return None
+        _runtime_root = tempfile.mkdtemp(prefix="nasd-rig-run-", dir="/dev/shm")
+        atexit.register(shutil.rmtree, _runtime_root, True)
+    return _runtime_root
+
+
 class Nasd:
     """A nasd server process (context manager).
 
@@ -155,6 +177,8 @@ class Nasd:
         else:
             cmd += ["--exports", self.exports_file]
         cmd += ["--listen", host_port(self.listen, self.port), "--state-dir", str(self.state_dir)]
+        if (run := runtime_root()) is not None and "--runtime-dir" not in self.args:
+            cmd += ["--runtime-dir", run]
         return cmd + list(self.args)
 
     def url(self, path: str = "", version: int = 3, export: str | None = None) -> str:

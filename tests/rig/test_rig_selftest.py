@@ -249,6 +249,7 @@ import argparse, os, signal, socket, sys
 ap = argparse.ArgumentParser()
 ap.add_argument("cmd"); ap.add_argument("dir", nargs="?")
 ap.add_argument("--listen", required=True); ap.add_argument("--state-dir", required=True)
+ap.add_argument("--runtime-dir")
 ap.add_argument("--exports"); ap.add_argument("--ro", action="store_true")
 ap.add_argument("--ignore-term", action="store_true"); ap.add_argument("--fail", action="store_true")
 a = ap.parse_args()
