@@ -347,18 +347,12 @@ impl Journal {
             copy_slots(&journal.file, &kept_file, length)?;
             (journal.file, kept_file)
         } else {
-            // Put in place whole, so a start that dies half way leaves none.
-            let mut name = live.as_os_str().to_owned();
-            name.push(".new");
-            let new = std::path::PathBuf::from(name);
-            match std::fs::remove_file(&new) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-                _ => {}
-            }
-            let live_file = crate::fh::open_private_file(&new)?;
-            live_file.set_len(length)?;
-            copy_slots(&journal.file, &live_file, length)?;
-            std::fs::rename(&new, live)?;
+            // Put in place whole, so a start that dies half way leaves none (its syncs
+            // cost a memory file system nothing).
+            let live_file = crate::fh::replace_private_file(live, |file| {
+                file.set_len(length)?;
+                copy_slots(&journal.file, file, length)
+            })?;
             (live_file, journal.file)
         };
         journal.mirror = Some(Mirror::start(live_file.try_clone()?, kept_file)?);
