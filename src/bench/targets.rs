@@ -212,7 +212,7 @@ impl Target {
                 let mport = free_port()?;
                 let exe = std::env::current_exe().context("locating the nasd executable")?;
                 let log = work.join("nasd.log");
-                let args: Vec<String> = vec![
+                let mut args: Vec<String> = vec![
                     "serve".into(),
                     export.display().to_string(),
                     "--listen".into(),
@@ -225,6 +225,9 @@ impl Target {
                     "--log".into(),
                     "warn".into(),
                 ];
+                if let Some(run) = runtime_dir(&work) {
+                    args.extend(["--runtime-dir".into(), run.display().to_string()]);
+                }
                 let logf = std::fs::File::create(&log)?;
                 let mut proc = Command::new(&exe)
                     .args(&args)
@@ -416,6 +419,11 @@ impl Target {
     pub fn stop(&mut self) {
         if let Some(mut p) = self.proc.take() {
             stop_child(&mut p, Duration::from_secs(10));
+            // Stopped, nasd has copied its live journal to the state directory (and a
+            // restart over the same data, after a crash, needs none of its replies).
+            if let (TargetSpec::Nasd, Some(run)) = (&self.spec, self.workdir.as_deref().and_then(runtime_dir)) {
+                let _ = std::fs::remove_dir_all(run);
+            }
         }
         if let Some(mut r) = self.rpcbind.take() {
             stop_child(&mut r, Duration::from_secs(5));
@@ -437,6 +445,15 @@ impl Drop for Target {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Where a nasd the bench starts in `work` keeps its live duplicate request journal: a
+/// directory of its own on the memory file system at /dev/shm (as a server's default
+/// would be), removed when the bench stops it.
+fn runtime_dir(work: &Path) -> Option<PathBuf> {
+    let shm = Path::new("/dev/shm");
+    let name = blake3::hash(work.as_os_str().as_encoded_bytes()).to_hex();
+    crate::fh::on_memory_file_system(shm).then(|| shm.join(format!("nasd-bench-{}", &name[..16])))
 }
 
 /// The report's name for an external server: its host, and its port when the URL gives one
