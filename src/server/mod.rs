@@ -135,32 +135,27 @@ const DRC_JOURNAL: &str = "drc-journal";
 
 /// The live duplicate request journal's file in `runtime_dir`, made private to this
 /// server if need be; `None` (the journal goes to the state directory alone) where the
-/// directory is not on a memory file system or cannot be used. Named by the state
-/// directory's key and inode: a copy of the state directory run by a second server on
-/// the same machine gets a live journal of its own.
-fn live_journal_path(runtime_dir: &std::path::Path, state_dir: &std::path::Path, key_fingerprint: &[u8; 16]) -> Option<std::path::PathBuf> {
+/// directory is not on a memory file system, an error where it cannot be used. Named by
+/// the state directory's key and inode: a copy of the state directory run by a second
+/// server on the same machine gets a live journal of its own.
+fn live_journal_path(
+    runtime_dir: &std::path::Path,
+    state_dir: &std::path::Path,
+    key_fingerprint: &[u8; 16],
+) -> anyhow::Result<Option<std::path::PathBuf>> {
     use std::os::unix::fs::MetadataExt;
     // Not made yet: where it would be made.
     let probe = if runtime_dir.exists() { runtime_dir } else { runtime_dir.parent().unwrap_or(runtime_dir) };
     if !crate::fh::on_memory_file_system(probe) {
         tracing::info!(runtime_dir = %runtime_dir.display(), "not on a memory file system: the duplicate request journal is written to the state directory");
-        return None;
+        return Ok(None);
     }
-    if let Err(e) = crate::fh::private_dir(runtime_dir, "runtime directory") {
-        tracing::warn!(error = format!("{e:#}"), "the duplicate request journal is written to the state directory");
-        return None;
-    }
-    let state = match std::fs::metadata(state_dir) {
-        Ok(m) => m,
-        Err(e) => {
-            tracing::warn!(error = %e, state_dir = %state_dir.display(), "the duplicate request journal is written to the state directory");
-            return None;
-        }
-    };
+    crate::fh::private_dir(runtime_dir, "runtime directory")?;
+    let state = std::fs::metadata(state_dir).with_context(|| format!("state directory {}", state_dir.display()))?;
     let mut name = blake3::Hasher::new();
     name.update(key_fingerprint).update(&state.dev().to_le_bytes()).update(&state.ino().to_le_bytes());
     let name = name.finalize().to_hex();
-    Some(runtime_dir.join(format!("{DRC_JOURNAL}-{}", &name[..16])))
+    Ok(Some(runtime_dir.join(format!("{DRC_JOURNAL}-{}", &name[..16]))))
 }
 
 /// Takes the state directory for this process alone (an `flock` of `lock` in it, which
@@ -254,7 +249,12 @@ impl Server {
         ];
         let busy_poll = BusyPoll::new(std::time::Duration::from_micros(config.busy_poll_us), metrics.busy_poll.clone());
         let kept_journal = state_dir.join(DRC_JOURNAL);
-        let live_journal = config.runtime_dir().and_then(|dir| live_journal_path(&dir, &state_dir, &key_fingerprint));
+        let live_journal = config.runtime_dir().and_then(|dir| {
+            live_journal_path(&dir, &state_dir, &key_fingerprint).unwrap_or_else(|e| {
+                tracing::warn!(error = format!("{e:#}"), "the duplicate request journal is written to the state directory");
+                None
+            })
+        });
         let journal = match &live_journal {
             Some(live) => JournalPlace::Mirrored { live, kept: &kept_journal },
             None => JournalPlace::Direct(&kept_journal),

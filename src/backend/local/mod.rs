@@ -1189,9 +1189,12 @@ impl LocalFs {
     /// dropped before the unlink, its written descriptor would go to the close checker
     /// (the file still had a link), and the space stay taken until that thread got to it.
     fn take_name(&self, dir: &CachedObject, name: &CString) -> Doomed {
-        let dir_fd = dir.path_fd.as_raw_fd();
-        let cached = sys::name_to_handle(dir_fd, name, 0).ok().and_then(|(id, _)| self.cache.remove(&id));
-        let path_fd = sys::openat(dir_fd, name, libc::O_PATH | libc::O_NOFOLLOW, 0).ok();
+        // One lookup of the name: the cached object taken is the inode held.
+        let path_fd = sys::openat(dir.path_fd.as_raw_fd(), name, libc::O_PATH | libc::O_NOFOLLOW, 0).ok();
+        let cached = path_fd.as_ref().and_then(|fd| {
+            let (id, _) = sys::name_to_handle(fd.as_raw_fd(), c"", libc::AT_EMPTY_PATH).ok()?;
+            self.cache.remove(&id)
+        });
         Doomed { _cached: cached, _path_fd: path_fd }
     }
 }
