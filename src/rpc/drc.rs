@@ -435,12 +435,16 @@ struct MirrorFiles {
     /// Held by a copy, so that two never write one slot out of order.
     copying: Mutex<()>,
     warned: AtomicBool,
+    /// Times the copier was woken, and copies made (the tests count them).
+    wakes: AtomicU64,
+    copies: AtomicU64,
 }
 
 impl MirrorFiles {
     fn copy_pending(&self) -> std::io::Result<()> {
         let _copying = self.copying.lock();
         let pending = std::mem::take(&mut *self.pending.lock());
+        self.copies.fetch_add(1, Ordering::Relaxed);
         let mut slot = [0u8; SLOT];
         for index in pending {
             let at = index * SLOT as u64;
@@ -467,6 +471,8 @@ impl Mirror {
             pending: Mutex::new(Default::default()),
             copying: Mutex::new(()),
             warned: AtomicBool::new(false),
+            wakes: AtomicU64::new(0),
+            copies: AtomicU64::new(0),
         });
         let (wake, woken) = sync_channel::<()>(1);
         let copied = files.clone();
@@ -492,10 +498,22 @@ impl Mirror {
     }
 
     fn copy_later(&self, index: u64) {
-        self.files.pending.lock().insert(index);
-        if let Some(wake) = &self.wake {
-            // Full: a wake-up is already waiting, and its copy takes this slot too.
-            let _ = wake.try_send(());
+        let starts_stretch = {
+            let mut pending = self.files.pending.lock();
+            let was_empty = pending.is_empty();
+            pending.insert(index);
+            was_empty
+        };
+        // Only the first slot of a stretch wakes the copier: the later ones are in the set
+        // its copy takes (the copy empties the set under the same lock, so a slot written
+        // after it starts the next stretch). Waking it for every write cost each namespace
+        // change two thread wake-ups on its way to the reply.
+        if starts_stretch {
+            if let Some(wake) = &self.wake {
+                self.files.wakes.fetch_add(1, Ordering::Relaxed);
+                // Full: a wake-up is already waiting, and its copy takes this slot too.
+                let _ = wake.try_send(());
+            }
         }
     }
 
@@ -1208,6 +1226,25 @@ mod tests {
         assert_eq!(drc.begin(&key(1, b"create")), Lookup::Replay(reply(created.clone())));
         assert_eq!(drc.begin(&key(2, b"remove")), Lookup::Replay(reply(vec![0xC2; 100])));
         assert!(file_holds(&live, &created), "the live journal starts as a copy of the state directory's");
+    }
+
+    #[test]
+    fn the_copier_is_woken_once_per_stretch_of_writes_not_once_per_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let (live, kept) = (dir.path().join("live"), dir.path().join("kept"));
+        let place = JournalPlace::Mirrored { live: &live, kept: &kept };
+        let drc = DuplicateRequestCache::with_journal_of_boot(64, place, BOOT, || true).unwrap();
+        const WRITES: u32 = 40;
+        for xid in 0..WRITES {
+            completed(&drc, &key(xid, b"create"), vec![0xC4; 64], true);
+        }
+        let files = &drc.journal.as_ref().unwrap().mirror.as_ref().unwrap().files;
+        let (wakes, copies) = (files.wakes.load(Ordering::Relaxed), files.copies.load(Ordering::Relaxed));
+        // A copy that ended between the writes (a machine stalled for MIRROR_DELAY) lets
+        // the next write start a stretch of its own; nothing else may wake the copier.
+        assert!(wakes >= 1 && wakes <= copies + 1, "{wakes} wake-ups of the copier for {WRITES} writes and {copies} copies");
+        drc.flush_journal().unwrap();
+        assert!(file_holds(&kept, &[0xC4; 64]), "the writes of the stretch were not copied");
     }
 
     #[test]
