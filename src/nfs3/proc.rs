@@ -184,17 +184,21 @@ fn setattr(
 fn lookup(state: &ServerState, ctx: &CallContext, at: &DirOp<'_>, out: &mut XdrWriter) -> ProcResult {
     let adm = admit(state, ctx, at.dir, ATTR)?;
     check_name(at.name, ATTR)?;
-    match adm.rt.vfs.lookup(&adm.cred, &adm.obj, at.name) {
+    let looked = adm.rt.vfs.lookup_in(&adm.cred, &adm.obj, at.name).map_err(fail_on(&[&adm], ATTR))?;
+    match looked.found {
         Ok((obj, attr)) => {
             out.opaque(&state.file_handle(&adm.rt, &obj));
             put_post_op_attr(out, Some(&attr));
-            let dir = adm.rt.vfs.getattr(&adm.cred, &adm.obj).ok();
-            put_post_op_attr(out, dir.as_ref());
+            put_post_op_attr(out, Some(&looked.dir_attr));
             Ok(())
         }
         Err(e) => {
             // Directory attributes let the client cache the negative result.
-            Err(fail_on(&[&adm], ATTR)(e))
+            let mut f = fail(ATTR)(e);
+            if !f.would_block {
+                f.post_op[0] = Some(looked.dir_attr);
+            }
+            Err(f)
         }
     }
 }

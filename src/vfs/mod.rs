@@ -187,6 +187,14 @@ pub mod access {
     pub const EXECUTE: u32 = 0x20;
 }
 
+/// What [`Vfs::lookup_in`] found.
+#[derive(Debug, Clone)]
+pub struct Lookup {
+    pub dir_attr: Attr,
+    /// The entry's handle and attributes, or why the name gave none.
+    pub found: VfsResult<(ObjectId, Attr)>,
+}
+
 #[derive(Debug, Clone)]
 pub struct Created {
     pub obj: ObjectId,
@@ -334,7 +342,14 @@ pub trait Vfs: Send + Sync {
     fn getattr(&self, cred: &Cred, obj: &ObjectId) -> VfsResult<Attr>;
     /// `guard_ctime`: fail with `NotSync` unless the object's ctime equals it.
     fn setattr<'a>(&'a self, cred: &'a Cred, obj: &ObjectId, attrs: &SetAttrs, guard_ctime: Option<Timespec>) -> VfsResult<Made<'a, Wcc>>;
-    fn lookup(&self, cred: &Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<(ObjectId, Attr)>;
+    /// `name` in `dir`, with the directory's attributes as resolving it found them: a
+    /// LOOKUP reply carries both, found or not, and the directory need not be statted
+    /// twice. Fails only where the directory itself cannot be used.
+    fn lookup_in(&self, cred: &Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<Lookup>;
+    /// Just the entry of [`Self::lookup_in`].
+    fn lookup(&self, cred: &Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<(ObjectId, Attr)> {
+        self.lookup_in(cred, dir, name)?.found
+    }
     /// Returns which of the `mask` bits the caller is granted.
     fn access(&self, cred: &Cred, obj: &ObjectId, mask: u32) -> VfsResult<(u32, Attr)>;
     fn readlink(&self, cred: &Cred, obj: &ObjectId) -> VfsResult<(Vec<u8>, Attr)>;

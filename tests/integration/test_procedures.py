@@ -441,6 +441,26 @@ def test_wcc_create(srv, c, work):
     assert _attr_dict(r.attr) == _attr_of(os.stat(d / "new"))
 
 
+def test_lookup_carries_the_directory_attributes_found_or_not(srv, c, work):
+    """The directory's post-op attributes come with every LOOKUP reply (a client caches a
+    negative result by them), and they are the directory's, not the entry's."""
+    d, dfh = work
+    (d / "f").write_bytes(b"12345")
+    (d / "sub").mkdir()
+    _age(d, d / "f")
+    for name, status in (("f", rpc.NFS3_OK), ("sub", rpc.NFS3_OK), ("missing", rpc.NFS3ERR_NOENT)):
+        r = c.lookup(dfh, name)
+        assert r.status == status, name
+        assert r.dir_attr is not None, f"LOOKUP {name}: no directory attributes"
+        assert _attr_dict(r.dir_attr) == _attr_of(os.stat(d)), f"LOOKUP {name}: directory attributes"
+        if status == rpc.NFS3_OK:
+            assert _attr_dict(r.attr) == _attr_of(os.stat(d / name, follow_symlinks=False)), f"LOOKUP {name}"
+    # A handle that is no directory: its own attributes, with NOTDIR.
+    r = c.lookup(c.lookup(dfh, "f").fh, "x")
+    assert r.status == rpc.NFS3ERR_NOTDIR
+    assert _attr_dict(r.dir_attr) == _attr_of(os.stat(d / "f"))
+
+
 def test_wcc_remove(srv, c, work):
     d, dfh = work
     (d / "victim").write_bytes(b"x")

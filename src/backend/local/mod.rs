@@ -876,6 +876,23 @@ impl LocalFs {
         Ok(id)
     }
 
+    /// `name` in the resolved directory `dir` (`..` included).
+    fn lookup_name(&self, cred: &Cred, dir: &CachedObject, dir_attr: &Attr, name: &[u8]) -> VfsResult<(ObjectId, Attr)> {
+        if name == b".." && !self.is_root(dir_attr) {
+            // The directory may have been moved out of the export since it was cached, or
+            // may be moved while this runs: the parent found is what must be in the export.
+            let dotdot = CString::new("..").expect("no NUL");
+            let parent = sys::openat(dir.path_fd.as_raw_fd(), &dotdot, libc::O_PATH | libc::O_DIRECTORY, 0)?;
+            if !self.as_root(cred, || self.dir_within_export(parent.as_raw_fd()))? {
+                return Err(VfsError::Stale);
+            }
+            let (id, attr, fd) = self.entry_of(parent)?;
+            self.cache.insert(id, CachedObject::new(fd)).touch();
+            return Ok((id, attr));
+        }
+        self.lookup_entry(dir, dir_attr, name)
+    }
+
     fn lookup_entry(&self, dir: &CachedObject, dir_attr: &Attr, name: &[u8]) -> VfsResult<(ObjectId, Attr)> {
         if name == b".." && self.is_root(dir_attr) {
             // Never above the export root: `..` of the root is the root.
@@ -1274,21 +1291,10 @@ impl Vfs for LocalFs {
         Ok(self.made(wcc, move || self.commit_inode(cred, &obj, &before, since)))
     }
 
-    fn lookup(&self, cred: &Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<(ObjectId, Attr)> {
-        let (dobj, dattr) = self.resolve_dir(cred, dir)?;
-        if name == b".." && !self.is_root(&dattr) {
-            // The directory may have been moved out of the export since it was cached, or
-            // may be moved while this runs: the parent found is what must be in the export.
-            let dotdot = CString::new("..").expect("no NUL");
-            let parent = sys::openat(dobj.path_fd.as_raw_fd(), &dotdot, libc::O_PATH | libc::O_DIRECTORY, 0)?;
-            if !self.as_root(cred, || self.dir_within_export(parent.as_raw_fd()))? {
-                return Err(VfsError::Stale);
-            }
-            let (id, attr, fd) = self.entry_of(parent)?;
-            self.cache.insert(id, CachedObject::new(fd)).touch();
-            return Ok((id, attr));
-        }
-        self.lookup_entry(&dobj, &dattr, name)
+    fn lookup_in(&self, cred: &Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<Lookup> {
+        let (dobj, dir_attr) = self.resolve_dir(cred, dir)?;
+        let found = self.lookup_name(cred, &dobj, &dir_attr, name);
+        Ok(Lookup { dir_attr, found })
     }
 
     fn access(&self, cred: &Cred, id: &ObjectId, mask: u32) -> VfsResult<(u32, Attr)> {
@@ -1932,6 +1938,30 @@ mod tests {
         })
         .expect("open export");
         (dir, fs)
+    }
+
+    #[test]
+    fn a_lookup_gives_the_directory_attributes_it_resolved_found_or_not() {
+        let (dir, fs) = export();
+        std::fs::create_dir(dir.path().join("d")).expect("mkdir");
+        std::fs::write(dir.path().join("d/f"), b"1").expect("write");
+        let root = Cred::root();
+        let (d, _) = fs.lookup(&root, &fs.root(), b"d").expect("lookup d");
+        let d_attr = fs.getattr(&root, &d).expect("getattr d");
+        let found = fs.lookup_in(&root, &d, b"f").expect("lookup_in f");
+        let (f, f_attr) = found.found.expect("f is there");
+        assert_eq!((found.dir_attr.fileid, found.dir_attr.kind), (d_attr.fileid, FileKind::Directory));
+        assert_eq!(found.dir_attr.mtime, d_attr.mtime);
+        assert_eq!(f_attr.fileid, fs.getattr(&root, &f).expect("getattr f").fileid);
+        let missing = fs.lookup_in(&root, &d, b"missing").expect("the directory resolves");
+        assert_eq!(missing.found.err(), Some(VfsError::NoEnt));
+        assert_eq!(missing.dir_attr.fileid, d_attr.fileid);
+        // `..` of a directory below the root: the root, with the directory's attributes.
+        let up = fs.lookup_in(&root, &d, b"..").expect("lookup_in ..");
+        assert_eq!(up.found.expect("..").0, fs.root());
+        assert_eq!(up.dir_attr.fileid, d_attr.fileid);
+        // A handle that is no directory fails as a whole.
+        assert_eq!(fs.lookup_in(&root, &f, b"x").err(), Some(VfsError::NotDir));
     }
 
     #[test]
