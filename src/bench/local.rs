@@ -144,6 +144,13 @@ pub fn meta(root: &Path, op: MetaOp, files: u32, dirs: u32, durable: Option<&Dur
             }
             files as u64
         }
+        RoundTrip => {
+            let file = File::open(name(0)).with_context(|| format!("opening {}", name(0).display()))?;
+            for _ in 0..files {
+                file.metadata()?;
+            }
+            files as u64
+        }
         Rename => {
             let dir = open_flat()?;
             let t0 = Instant::now();
@@ -485,7 +492,7 @@ mod tests {
             std::fs::create_dir(root).unwrap();
             let calls = DurableCalls::for_dir(root).unwrap();
             let calls = durable.then_some(&calls);
-            for op in [MetaOp::Create, MetaOp::Stat, MetaOp::Rename] {
+            for op in [MetaOp::Create, MetaOp::Stat, MetaOp::RoundTrip, MetaOp::Rename] {
                 assert_eq!(meta(root, op, 30, 3, calls).unwrap().0, 30, "{op:?}");
             }
             assert!(root.join("md-flat/r00000029").exists() && !root.join("md-flat/f00000000").exists());

@@ -796,6 +796,7 @@ impl Runner {
                         (vec!["create-loop".into(), flat, files.to_string()], "ops")
                     }
                     MetaOp::Stat => (vec!["stat-loop".into(), flat, files.to_string()], "ops"),
+                    MetaOp::RoundTrip => (vec!["getattr-loop".into(), format!("{flat}/f00000000"), files.to_string()], "ops"),
                     // f00000000 -> r00000000 ...: readdir and remove then see the new names.
                     MetaOp::Rename => (vec!["rename-loop".into(), flat, files.to_string(), "f".into(), "r".into()], "ops"),
                     MetaOp::Readdir => (vec!["readdir".into(), flat], "count"),

@@ -2,7 +2,7 @@
 //! nasd ÷ peer and nasd ÷ local ratio columns), latency, server-side figures, the exact
 //! command lines, machine facts and plots. Both formats render the same blocks.
 
-use super::suites::{iozone_cases, JobKind, IOZONE_OPS};
+use super::suites::{iozone_cases, JobKind, MetaOp, IOZONE_OPS};
 use super::{fio::fmt_size, JobResult, Results};
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -216,6 +216,116 @@ fn meta_table(r: &Results, suite: &str) -> Option<Block> {
         }
         rows.push(row);
     }
+    (!rows.is_empty()).then_some(Block::Table { header, rows })
+}
+
+/// The metadata goal: nasd at least this many times a peer's operations per second.
+pub const META_GOAL: f64 = 3.0;
+
+/// The client's own round trip, µs per call: nasd's time per GETATTR in the round-trip
+/// job less its server-side time for one, i.e. what a call costs with a server that
+/// takes no time at all (the client, both kernels' TCP paths and the wake-ups).
+pub fn client_round_trip_us(r: &Results, suite: &str) -> Option<f64> {
+    let j = r.jobs.iter().find(|j| j.job.suite == suite && matches!(j.job.kind, JobKind::Meta { op: MetaOp::RoundTrip, .. }))?;
+    let per_call = 1e6 / j.value("nasd").filter(|v| *v > 0.0)?;
+    let server = j.get("nasd")?.server.as_ref()?.procs.iter().find(|p| p.procedure.ends_with("GETATTR"))?.mean_us;
+    Some((per_call - server).max(0.0))
+}
+
+/// One single-client metadata job weighed against the goal over `peer`: what the goal
+/// allows per operation, and the least any server can take per operation with this
+/// client, one call at a time (`round_trip_us` per call it makes, plus the local disk's
+/// own time to make the change durable where it changes something). A goal whose floor
+/// lies above its budget cannot be met by any server that keeps RFC 1813's promise.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GoalCheck {
+    pub peer_us: f64,
+    pub budget_us: f64,
+    pub calls_per_op: f64,
+    pub client_floor_us: f64,
+    pub durable_us: Option<f64>,
+    pub nasd_us: f64,
+}
+
+impl GoalCheck {
+    pub fn of(j: &JobResult, peer: &str, round_trip_us: f64) -> Option<GoalCheck> {
+        let JobKind::Meta { op, clients: 1, .. } = j.job.kind else { return None };
+        if op == MetaOp::RoundTrip {
+            return None;
+        }
+        let nasd = j.get("nasd").filter(|m| m.error.is_none())?;
+        let ops = nasd.meta.as_ref()?.ops;
+        let calls: u64 = nasd.server.as_ref()?.procs.iter().map(|p| p.calls).sum();
+        let peer_us = 1e6 / j.value(peer).filter(|v| *v > 0.0)?;
+        let durable_us = op
+            .changes_the_namespace()
+            .then(|| j.get("local").filter(|m| m.error.is_none()).and_then(|m| m.durable.as_ref()))
+            .flatten()
+            .filter(|d| d.ops > 0)
+            .map(|d| d.seconds / d.ops as f64 * 1e6);
+        let calls_per_op = calls as f64 / ops.max(1) as f64;
+        Some(GoalCheck {
+            peer_us,
+            budget_us: peer_us / META_GOAL,
+            calls_per_op,
+            client_floor_us: calls_per_op * round_trip_us,
+            durable_us,
+            nasd_us: 1e6 / j.value("nasd").filter(|v| *v > 0.0)?,
+        })
+    }
+
+    pub fn floor_us(&self) -> f64 {
+        self.client_floor_us + self.durable_us.unwrap_or(0.0)
+    }
+
+    pub fn verdict(&self) -> String {
+        if self.peer_us / self.nasd_us >= META_GOAL {
+            "met".into()
+        } else if self.floor_us() > self.budget_us {
+            format!("out of reach: the floor is {:.1}× the budget", self.floor_us() / self.budget_us)
+        } else {
+            format!("open: nasd is {} µs above the floor", fmt_num(self.nasd_us - self.floor_us()))
+        }
+    }
+}
+
+/// The metadata goal against `peer`, job by job, beside the floor that this client and
+/// this disk put under any server ([`GoalCheck`]).
+fn goal_table(r: &Results, suite: &str, peer: &str) -> Option<Block> {
+    let round_trip = client_round_trip_us(r, suite)?;
+    let header = [
+        "job".to_string(),
+        format!("{peer} µs/op"),
+        format!("{META_GOAL}× budget µs/op"),
+        "calls/op".into(),
+        format!("client floor µs/op (calls × {})", fmt_num(round_trip)),
+        "durable change, local µs/op".into(),
+        "floor µs/op".into(),
+        "nasd µs/op".into(),
+        format!("nasd÷{peer}"),
+        "goal".into(),
+    ]
+    .to_vec();
+    let rows: Vec<Vec<String>> = r
+        .jobs
+        .iter()
+        .filter(|j| j.job.suite == suite)
+        .filter_map(|j| {
+            let g = GoalCheck::of(j, peer, round_trip)?;
+            Some(vec![
+                j.job.name.clone(),
+                fmt_num(g.peer_us),
+                fmt_num(g.budget_us),
+                fmt_num(g.calls_per_op),
+                fmt_num(g.client_floor_us),
+                g.durable_us.map_or_else(|| "-".into(), fmt_num),
+                fmt_num(g.floor_us()),
+                fmt_num(g.nasd_us),
+                fmt_ratio(Some(g.peer_us / g.nasd_us)),
+                g.verdict(),
+            ])
+        })
+        .collect();
     (!rows.is_empty()).then_some(Block::Table { header, rows })
 }
 
@@ -436,6 +546,21 @@ pub fn blocks(r: &Results, old: Option<&Results>, plots: &[(String, String)]) ->
                     .into(),
             ));
             b.push(t);
+        }
+        for peer in r.peers() {
+            if let Some(t) = goal_table(r, &suite, &peer) {
+                b.push(Block::Heading(3, format!("The metadata goal ({META_GOAL}× {peer}) against the client's floor")));
+                b.push(Block::Para(format!(
+                    "nfsh sends one call at a time, so an operation takes at least its calls' round trips. The round-trip job measures one: \
+                     nasd's time per GETATTR less its server-side time for it is what a call costs with a server that takes no time \
+                     ({} µs here). calls/op: the calls nasd counted over the job's timed part ÷ its operations (the client sends the same \
+                     calls to every server). A job that changes the namespace adds the local disk's time to make one change durable \
+                     the way a `sync` export here makes it (RFC 1813: before the reply). Where that floor exceeds the budget \
+                     ({peer}'s time ÷ {META_GOAL}), no server that keeps the promise meets the goal with this client on this disk.",
+                    fmt_num(client_round_trip_us(r, &suite).unwrap_or(f64::NAN))
+                )));
+                b.push(t);
+            }
         }
         if let Some(t) = latency_table(r, &suite) {
             b.push(Block::Heading(3, "Completion latency (client side)".into()));
@@ -898,6 +1023,96 @@ mod tests {
         r.jobs[0].runs[1].repeats = vec![Some(1400.0), Some(1450.0), Some(1500.0)];
         let Block::Table { rows, .. } = main_table(&r, "smoke") else { panic!() };
         assert_eq!(rows[0][5], "2.00×");
+    }
+
+    #[test]
+    fn the_goal_check_puts_the_clients_round_trips_and_the_durable_change_under_each_job() {
+        use super::super::metrics::{ProcFigures, ServerFigures};
+        use super::super::suites::MetaOp;
+        let mut r = results();
+        r.suite = "metadata".into();
+        let server = |procs: &[(&str, u64, f64)]| ServerFigures {
+            procs: procs
+                .iter()
+                .map(|&(p, calls, mean_us)| ProcFigures { procedure: p.into(), calls, mean_us, ..Default::default() })
+                .collect(),
+            ..Default::default()
+        };
+        let meas = |t: &str, ops: u64, secs: f64, srv: Option<ServerFigures>| Measurement {
+            target: t.into(),
+            ops_per_sec: Some(ops as f64 / secs),
+            meta: Some(super::super::MetaFigures { ops, seconds: secs, bytes: None }),
+            server: srv,
+            ..Default::default()
+        };
+        let job = |name: &str, op| Job {
+            suite: "metadata".into(),
+            name: name.into(),
+            group: "metadata".into(),
+            x: 0.0,
+            metric: Metric::OpsPerSec,
+            kind: JobKind::Meta { op, files: 1000, dirs: 10, clients: 1 },
+        };
+        // round trip: 1000 GETATTRs in 35 ms through nasd, 5 µs of them in nasd: 30 µs a call
+        let round_trip = JobResult {
+            job: job("round trip: 1000 GETATTRs of one file", MetaOp::RoundTrip),
+            runs: vec![
+                meas("nasd", 1000, 0.035, Some(server(&[("nfs3 GETATTR", 1001, 5.0), ("nfs3 LOOKUP", 1, 9.0)]))),
+                meas("ganesha", 1000, 0.05, None),
+            ],
+        };
+        // stat: 3 calls an operation; 90 µs floor against a budget of 150/3 = 50 µs
+        let stat = JobResult {
+            job: job("stat 1000 files", MetaOp::Stat),
+            runs: vec![
+                meas("nasd", 1000, 0.1, Some(server(&[("nfs3 LOOKUP", 2000, 5.0), ("nfs3 GETATTR", 1000, 1.0)]))),
+                meas("ganesha", 1000, 0.15, None),
+            ],
+        };
+        // create: 2 calls and a 100 µs durable change: floor 160 µs, budget 600/3 µs
+        let mut local = meas("local", 1000, 0.01, None);
+        local.durable = Some(super::super::MetaFigures { ops: 1000, seconds: 0.1, bytes: None });
+        let create = JobResult {
+            job: job("create 1000 files", MetaOp::Create),
+            runs: vec![
+                meas("nasd", 1000, 0.25, Some(server(&[("nfs3 CREATE", 1000, 150.0), ("nfs3 LOOKUP", 1000, 5.0)]))),
+                meas("ganesha", 1000, 0.6, None),
+                local,
+            ],
+        };
+        // readdir: met
+        let readdir = JobResult {
+            job: job("readdir 1000 files", MetaOp::Readdir),
+            runs: vec![meas("nasd", 1000, 0.001, Some(server(&[("nfs3 READDIRPLUS", 20, 40.0)]))), meas("ganesha", 1000, 0.004, None)],
+        };
+        r.jobs = vec![create.clone(), stat.clone(), round_trip.clone(), readdir];
+        let rt = client_round_trip_us(&r, "metadata").expect("a round trip");
+        assert!((rt - 30.0).abs() < 1e-6, "{rt}");
+        let g = GoalCheck::of(&stat, "ganesha", rt).expect("stat is checked");
+        assert!((g.calls_per_op - 3.0).abs() < 1e-9 && (g.floor_us() - 90.0).abs() < 1e-6 && (g.budget_us - 50.0).abs() < 1e-6, "{g:?}");
+        assert_eq!(g.durable_us, None, "a stat changes nothing");
+        assert_eq!(g.verdict(), "out of reach: the floor is 1.8× the budget");
+        let g = GoalCheck::of(&create, "ganesha", rt).expect("create is checked");
+        assert!((g.floor_us() - 160.0).abs() < 1e-6, "{g:?}");
+        assert_eq!(g.verdict(), "open: nasd is 90.0 µs above the floor");
+        assert_eq!(GoalCheck::of(&round_trip, "ganesha", rt), None, "the round trip is the floor, not a goal");
+        let Some(Block::Table { header, rows }) = goal_table(&r, "metadata", "ganesha") else { panic!("a goal table") };
+        assert_eq!(header[4], "client floor µs/op (calls × 30.0)");
+        let verdicts: Vec<(&str, &str)> = rows.iter().map(|row| (row[0].as_str(), row[9].as_str())).collect();
+        assert_eq!(
+            verdicts,
+            [
+                ("create 1000 files", "open: nasd is 90.0 µs above the floor"),
+                ("stat 1000 files", "out of reach: the floor is 1.8× the budget"),
+                ("readdir 1000 files", "met")
+            ]
+        );
+        assert!(markdown(&r, None, &[]).contains("### The metadata goal (3× ganesha) against the client's floor"));
+        // Without the round-trip job (or nasd's server figures for it) there is no floor to show.
+        r.jobs.retain(|j| !matches!(j.job.kind, JobKind::Meta { op: MetaOp::RoundTrip, .. }));
+        assert!(goal_table(&r, "metadata", "ganesha").is_none());
+        r.jobs.push(JobResult { runs: vec![meas("nasd", 1000, 0.035, None)], ..round_trip });
+        assert!(goal_table(&r, "metadata", "ganesha").is_none());
     }
 
     #[test]

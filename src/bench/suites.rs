@@ -31,6 +31,10 @@ pub enum MetaOp {
     Tree,
     Create,
     Stat,
+    /// One file's attributes asked for over and over (nfsh `getattr-loop`, one GETATTR
+    /// per operation): the client's round trip with a server that has next to nothing to
+    /// do, the floor under every other job's calls ([`super::report`]'s goal check).
+    RoundTrip,
     /// Rename each file of the flat directory (f00000000 -> r00000000).
     Rename,
     Readdir,
@@ -53,7 +57,7 @@ impl MetaOp {
     /// Steps that create, rename or remove entries (all but stat and readdir): a `sync`
     /// export makes each of their changes durable before its reply.
     pub fn changes_the_namespace(self) -> bool {
-        !matches!(self, MetaOp::Stat | MetaOp::Readdir)
+        !matches!(self, MetaOp::Stat | MetaOp::RoundTrip | MetaOp::Readdir)
     }
 
     /// Steps that free inodes (remove, rm -rf). They run after every other step of every
@@ -65,7 +69,7 @@ impl MetaOp {
     /// The earlier job, with as many clients, whose files this one works on.
     pub fn works_on(self, clients: u32) -> Option<MetaOp> {
         match self {
-            MetaOp::Stat | MetaOp::Rename | MetaOp::Readdir => Some(MetaOp::Create),
+            MetaOp::Stat | MetaOp::RoundTrip | MetaOp::Rename | MetaOp::Readdir => Some(MetaOp::Create),
             // One client removes the renamed files; several remove what they created.
             MetaOp::Remove if clients == 1 => Some(MetaOp::Rename),
             MetaOp::Remove => Some(MetaOp::Create),
@@ -343,6 +347,10 @@ fn iozone(p: Params) -> Vec<Job> {
 pub const TREE_JOBS: [(MetaOp, &str); 3] =
     [(MetaOp::Untar, "untar tree"), (MetaOp::CopyTree, "cp -r tree"), (MetaOp::RemoveTree, "rm -rf tree")];
 
+/// The metadata job that measures the client's round trip ([`MetaOp::RoundTrip`]) is named
+/// with this.
+pub const ROUND_TRIP_JOB: &str = "round trip";
+
 /// Concurrent clients of the metadata suite's parallel create and remove.
 pub const META_CLIENTS: u32 = 8;
 
@@ -357,6 +365,7 @@ fn metadata(smoke: bool) -> Vec<Job> {
         one(MetaOp::Tree, &format!("mkdir-tree {dirs} dirs × {} files", files / dirs)),
         one(MetaOp::Create, &format!("create {files} files")),
         one(MetaOp::Stat, &format!("stat {files} files")),
+        one(MetaOp::RoundTrip, &format!("{ROUND_TRIP_JOB}: {files} GETATTRs of one file")),
         one(MetaOp::Rename, &format!("rename {files} files")),
         one(MetaOp::Readdir, &format!("readdir {files} files")),
         one(MetaOp::Remove, &format!("remove {files} files")),
@@ -491,6 +500,7 @@ mod tests {
                     "mkdir-tree 50 dirs × 100 files",
                     "create 5000 files",
                     "stat 5000 files",
+                    "round trip: 5000 GETATTRs of one file",
                     "rename 5000 files",
                     "readdir 5000 files",
                     "remove 5000 files",
@@ -513,6 +523,8 @@ mod tests {
             // see the renamed files; the tree is unpacked before it is copied and removed.
             let at = |op: MetaOp| ops.iter().position(|o| *o == op).unwrap();
             assert!(at(MetaOp::Create) < at(MetaOp::Stat) && at(MetaOp::Stat) < at(MetaOp::Rename));
+            // the round trip asks for a file create made, before rename renames it
+            assert!(at(MetaOp::Create) < at(MetaOp::RoundTrip) && at(MetaOp::RoundTrip) < at(MetaOp::Rename));
             assert!(at(MetaOp::Rename) < at(MetaOp::Readdir) && at(MetaOp::Readdir) < at(MetaOp::Remove));
             assert!(at(MetaOp::Untar) < at(MetaOp::CopyTree) && at(MetaOp::CopyTree) < at(MetaOp::RemoveTree));
             assert_eq!(ops.iter().filter(|o| o.is_tree()).count(), 3);
@@ -553,7 +565,7 @@ mod tests {
         };
         let first_free = order.iter().position(|&(_, i)| op(i).frees_inodes()).unwrap();
         assert!(order[first_free..].iter().all(|&(_, i)| op(i).frees_inodes()), "{order:?}");
-        assert_eq!(order[..first_free].len(), 3 * 8, "mkdir-tree, create, stat, rename, readdir, create × 8, untar, cp -r");
+        assert_eq!(order[..first_free].len(), 3 * 9, "mkdir-tree, create, stat, round trip, rename, readdir, create × 8, untar, cp -r");
         // a freeing step of a repetition runs after the step whose files it removes
         let at = |rep: u32, i: usize| order.iter().position(|&x| x == (rep, i)).unwrap();
         for (i, job) in j.iter().enumerate() {

@@ -197,3 +197,43 @@ def test_bench_refuses_a_report_to_compare_with_before_running_anything(tmp_path
     assert p.returncode != 0
     assert f"{old}/results.json" in p.stderr, p.stderr
     assert not (out / "data").exists(), "a job ran before the comparison was read"
+
+
+def test_bench_weighs_the_metadata_goal_against_the_clients_round_trip(tmp_path):
+    """The round-trip job sends one GETATTR per operation (one call each, against any
+    server); with a peer in the run, the report puts each single-client job's floor (its
+    calls × the client's round trip, plus the local disk's durable change for jobs that
+    change something) beside the peer's time ÷ 3 and says which goals no server can meet."""
+    if not shutil.which("ganesha.nfsd"):
+        import pytest
+        pytest.skip("ganesha.nfsd is not installed (scripts/install-deps.sh installs it): the goal needs a peer")
+    out = tmp_path / "report"
+    _, results = bench_results(out, "--suite", "metadata", "--only", "round trip", "--only", "stat",
+                               "--target", "nasd", "--target", "ganesha")
+    jobs = {j["job"]["name"]: j for j in results["jobs"]}
+    assert list(jobs) == ["create 5000 files", "stat 5000 files", "round trip: 5000 GETATTRs of one file"]
+    rt = {m["target"]: m for m in jobs["round trip: 5000 GETATTRs of one file"]["runs"]}
+    for target in ("nasd", "ganesha", "local"):
+        assert rt[target]["error"] is None and rt[target]["meta"]["ops"] == 5000, (target, rt[target])
+    calls = {f["procedure"]: f["calls"] for f in rt["nasd"]["server"]["procs"]}
+    # every operation one GETATTR (nfsh opens the file first: a few calls more)
+    assert 5000 <= calls["nfs3 GETATTR"] <= 5003 and sum(calls.values()) < 5010, calls
+
+    md = (out / "report.md").read_text()
+    title = "### The metadata goal (3× ganesha) against the client's floor"
+    assert title in md, md
+    table = next(t for t in md_tables(md.split(title, 1)[1]))
+    header, rows = table[0], {r[0]: r for r in table[1:]}
+    assert set(rows) == {"create 5000 files", "stat 5000 files"}, rows
+    col = {h.split(" (")[0]: i for i, h in enumerate(header)}
+    round_trip_us = float(header[col["client floor µs/op"]].split("× ")[1].rstrip(")"))
+    assert 0 < round_trip_us < 1e6 / rt["nasd"]["ops_per_sec"], header
+    stat, create = rows["stat 5000 files"], rows["create 5000 files"]
+    # libnfs resolves the path on every stat: LOOKUPs of its directories and the file, then GETATTR
+    assert float(stat[col["calls/op"]]) >= 3, stat
+    assert stat[col["durable change, local µs/op"]] == "-", stat
+    assert create[col["durable change, local µs/op"]] != "-", create
+    for row in (stat, create):
+        floor = float(row[col["floor µs/op"]])
+        assert floor >= float(row[col["calls/op"]]) * round_trip_us * 0.99, row
+        assert row[col["goal"]].split(":")[0] in ("met", "out of reach", "open"), row
