@@ -329,6 +329,84 @@ fn goal_table(r: &Results, suite: &str, peer: &str) -> Option<Block> {
     (!rows.is_empty()).then_some(Block::Table { header, rows })
 }
 
+/// The latency goal: at iodepth 1, nasd's mean at most this share of a peer's.
+pub const LATENCY_GOAL: f64 = 0.5;
+
+/// An iodepth-1 fio job weighed against the latency goal over a peer: the client's own
+/// share of each I/O (nasd's client-side mean less its server-side time per call, which
+/// any server's client pays too) against what the goal allows.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LatencyCheck {
+    pub peer_us: f64,
+    pub budget_us: f64,
+    pub server_us: f64,
+    pub nasd_us: f64,
+}
+
+impl LatencyCheck {
+    pub fn of(j: &JobResult, peer: &str) -> Option<LatencyCheck> {
+        let JobKind::Fio(shape) = &j.job.kind else { return None };
+        if shape.iodepth != 1 {
+            return None;
+        }
+        let mean =
+            |t: &str| j.get(t).filter(|m| m.error.is_none()).and_then(|m| m.fio.as_ref()).map(|f| f.lat_mean_us()).filter(|v| *v > 0.0);
+        let (nasd_us, peer_us) = (mean("nasd")?, mean(peer)?);
+        let procs = &j.get("nasd")?.server.as_ref()?.procs;
+        let calls: u64 = procs.iter().map(|p| p.calls).sum();
+        (calls > 0).then_some(())?;
+        let server_us = procs.iter().map(|p| p.calls as f64 * p.mean_us).sum::<f64>() / calls as f64;
+        Some(LatencyCheck { peer_us, budget_us: peer_us * LATENCY_GOAL, server_us, nasd_us })
+    }
+
+    /// What an I/O takes with a server that takes no time.
+    pub fn floor_us(&self) -> f64 {
+        (self.nasd_us - self.server_us).max(0.0)
+    }
+
+    pub fn verdict(&self) -> String {
+        if self.nasd_us <= self.budget_us {
+            "met".into()
+        } else if self.floor_us() > self.budget_us {
+            format!("out of reach: the floor is {:.2}× the budget", self.floor_us() / self.budget_us)
+        } else {
+            format!("open: nasd is {} µs above the budget", fmt_num(self.nasd_us - self.budget_us))
+        }
+    }
+}
+
+fn latency_goal_table(r: &Results, suite: &str, peer: &str) -> Option<Block> {
+    let header = vec![
+        "job".to_string(),
+        format!("{peer} mean µs"),
+        format!("budget µs ({LATENCY_GOAL}×)"),
+        "nasd mean µs".into(),
+        "nasd server µs per call".into(),
+        "floor µs (client's share)".into(),
+        format!("nasd÷{peer}"),
+        "goal".into(),
+    ];
+    let rows: Vec<Vec<String>> = r
+        .jobs
+        .iter()
+        .filter(|j| j.job.suite == suite)
+        .filter_map(|j| {
+            let c = LatencyCheck::of(j, peer)?;
+            Some(vec![
+                j.job.name.clone(),
+                fmt_num(c.peer_us),
+                fmt_num(c.budget_us),
+                fmt_num(c.nasd_us),
+                fmt_num(c.server_us),
+                fmt_num(c.floor_us()),
+                format!("{:.2}×", c.nasd_us / c.peer_us),
+                c.verdict(),
+            ])
+        })
+        .collect();
+    (!rows.is_empty()).then_some(Block::Table { header, rows })
+}
+
 fn server_table(r: &Results, suite: &str) -> Option<Block> {
     let header = [
         "job",
@@ -559,6 +637,22 @@ pub fn blocks(r: &Results, old: Option<&Results>, plots: &[(String, String)]) ->
                      ({peer}'s time ÷ {META_GOAL}), no server that keeps the promise meets the goal with this client on this disk.",
                     fmt_num(client_round_trip_us(r, &suite).unwrap_or(f64::NAN))
                 )));
+                b.push(t);
+            }
+        }
+        for peer in r.peers() {
+            if let Some(t) = latency_goal_table(r, &suite, &peer) {
+                b.push(Block::Heading(
+                    3,
+                    format!("The latency goal at iodepth 1 (mean ≤ {LATENCY_GOAL}× {peer}) against the client's share"),
+                ));
+                b.push(Block::Para(
+                    "One I/O at a time: its latency is the client's share (fio, libnfs, both kernels' TCP paths, the wake-ups) plus the \
+                     server's time for the call. nasd's server time per call (from /metrics, request complete to reply queued) taken \
+                     from its client-side mean leaves the client's share, which a server that took no time would still cost. Where \
+                     that floor exceeds the budget, no server meets the goal with this client on this machine."
+                        .into(),
+                ));
                 b.push(t);
             }
         }
@@ -1113,6 +1207,28 @@ mod tests {
         assert!(goal_table(&r, "metadata", "ganesha").is_none());
         r.jobs.push(JobResult { runs: vec![meas("nasd", 1000, 0.035, None)], ..round_trip });
         assert!(goal_table(&r, "metadata", "ganesha").is_none());
+    }
+
+    #[test]
+    fn the_latency_goal_takes_nasds_server_time_from_its_mean_to_find_the_clients_share() {
+        use super::super::metrics::{ProcFigures, ServerFigures};
+        let mut r = results();
+        // nasd 3000 IOPS at a 100 µs mean, 10 µs of it in nasd; ganesha at 100 µs too
+        let read = ProcFigures { procedure: "nfs3 READ".into(), calls: 9, mean_us: 10.0, ..Default::default() };
+        let null = ProcFigures { procedure: "nfs3 NULL".into(), calls: 1, mean_us: 10.0, ..Default::default() };
+        r.jobs[0].runs[0].server = Some(ServerFigures { procs: vec![read, null], ..Default::default() });
+        let c = LatencyCheck::of(&r.jobs[0], "ganesha").expect("an iodepth-1 job");
+        assert_eq!((c.budget_us, c.server_us, c.floor_us()), (50.0, 10.0, 90.0));
+        assert_eq!(c.verdict(), "out of reach: the floor is 1.80× the budget");
+        r.jobs[0].runs[1].fio.as_mut().unwrap().read.lat_mean_us = 190.0;
+        assert_eq!(LatencyCheck::of(&r.jobs[0], "ganesha").unwrap().verdict(), "open: nasd is 5.00 µs above the budget");
+        r.jobs[0].runs[1].fio.as_mut().unwrap().read.lat_mean_us = 250.0;
+        assert_eq!(LatencyCheck::of(&r.jobs[0], "ganesha").unwrap().verdict(), "met");
+        let Some(Block::Table { rows, .. }) = latency_goal_table(&r, "smoke", "ganesha") else { panic!("a table") };
+        assert_eq!(rows[0], ["4k randread qd1", "250", "125", "100", "10.0", "90.0", "0.40×", "met"]);
+        // deeper queues are not the latency goal's; nor is a run without nasd's server figures
+        r.jobs[0].runs[0].server = None;
+        assert!(latency_goal_table(&r, "smoke", "ganesha").is_none());
     }
 
     #[test]

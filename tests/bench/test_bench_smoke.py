@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ -> `import rig`
 
 from rig.fio import fio_binary  # noqa: E402
@@ -83,6 +85,17 @@ def test_bench_smoke(tmp_path):
             assert all(c not in ("-", "error") for c in cells), f"nasd gave no figure for a job: {list(zip(names, cells))}"
         if "error" in cells:
             assert "## Failed runs" in md
+    # with a peer: the latency goal at iodepth 1, against the client's own share
+    if "ganesha" in targets:
+        title = "### The latency goal at iodepth 1 (mean ≤ 0.5× ganesha) against the client's share"
+        assert title in md, md[:3000]
+        goal = md_tables(md.split(title, 1)[1])[0]
+        rows_by_job = {r[0]: r for r in goal[1:]}
+        assert "4k randread qd1" in rows_by_job and "1m write qd16" not in rows_by_job, goal
+        row = dict(zip(goal[0], rows_by_job["4k randread qd1"]))
+        assert float(row["floor µs (client's share)"]) == pytest.approx(
+            float(row["nasd mean µs"]) - float(row["nasd server µs per call"]), abs=0.6), row
+        assert row["goal"].split(":")[0] in ("met", "out of reach", "open"), row
     # machine facts, exact command lines, no machine paths in the command lines
     for fact in ("CPU", "cores", "memory", "kernel", "file system of the data", "fio"):
         assert f"| {fact} |" in md, fact
@@ -205,7 +218,6 @@ def test_bench_weighs_the_metadata_goal_against_the_clients_round_trip(tmp_path)
     calls × the client's round trip, plus the local disk's durable change for jobs that
     change something) beside the peer's time ÷ 3 and says which goals no server can meet."""
     if not shutil.which("ganesha.nfsd"):
-        import pytest
         pytest.skip("ganesha.nfsd is not installed (scripts/install-deps.sh installs it): the goal needs a peer")
     out = tmp_path / "report"
     _, results = bench_results(out, "--suite", "metadata", "--only", "round trip", "--only", "stat",
