@@ -60,6 +60,13 @@ pub struct ServerFigures {
     pub busy_poll: BusyPollFigures,
 }
 
+impl ServerFigures {
+    /// Calls of every procedure.
+    pub fn calls(&self) -> u64 {
+        self.procs.iter().map(|p| p.calls).sum()
+    }
+}
+
 /// Busy polling's counters (nasd_busy_poll_*), or their change over a job.
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct BusyPollFigures {

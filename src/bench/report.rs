@@ -255,12 +255,12 @@ impl GoalCheck {
         }
         let nasd = j.get("nasd").filter(|m| m.error.is_none())?;
         let ops = nasd.meta.as_ref()?.ops;
-        let calls: u64 = nasd.server.as_ref()?.procs.iter().map(|p| p.calls).sum();
+        let calls = nasd.server.as_ref()?.calls();
         let peer_us = 1e6 / j.value(peer).filter(|v| *v > 0.0)?;
-        let durable_us = op
-            .changes_the_namespace()
-            .then(|| j.get("local").filter(|m| m.error.is_none()).and_then(|m| m.durable.as_ref()))
-            .flatten()
+        let durable_us = j
+            .get("local")
+            .filter(|m| m.error.is_none() && op.changes_the_namespace())
+            .and_then(|m| m.durable.as_ref())
             .filter(|d| d.ops > 0)
             .map(|d| d.seconds / d.ops as f64 * 1e6);
         let calls_per_op = calls as f64 / ops.max(1) as f64;
@@ -289,11 +289,11 @@ impl GoalCheck {
     }
 }
 
-/// The metadata goal against `peer`, job by job, beside the floor that this client and
-/// this disk put under any server ([`GoalCheck`]).
-fn goal_table(r: &Results, suite: &str, peer: &str) -> Option<Block> {
-    let round_trip = client_round_trip_us(r, suite)?;
-    let header = [
+/// The metadata goal against `peer`, job by job, beside the floor that this client
+/// (`round_trip` µs a call, [`client_round_trip_us`]) and this disk put under any server
+/// ([`GoalCheck`]).
+fn goal_table(r: &Results, suite: &str, peer: &str, round_trip: f64) -> Option<Block> {
+    let header = vec![
         "job".to_string(),
         format!("{peer} µs/op"),
         format!("{META_GOAL}× budget µs/op"),
@@ -304,28 +304,27 @@ fn goal_table(r: &Results, suite: &str, peer: &str) -> Option<Block> {
         "nasd µs/op".into(),
         format!("nasd÷{peer}"),
         "goal".into(),
-    ]
-    .to_vec();
-    let rows: Vec<Vec<String>> = r
-        .jobs
-        .iter()
-        .filter(|j| j.job.suite == suite)
-        .filter_map(|j| {
-            let g = GoalCheck::of(j, peer, round_trip)?;
-            Some(vec![
-                j.job.name.clone(),
-                fmt_num(g.peer_us),
-                fmt_num(g.budget_us),
-                fmt_num(g.calls_per_op),
-                fmt_num(g.client_floor_us),
-                g.durable_us.map_or_else(|| "-".into(), fmt_num),
-                fmt_num(g.floor_us()),
-                fmt_num(g.nasd_us),
-                fmt_ratio(Some(g.peer_us / g.nasd_us)),
-                g.verdict(),
-            ])
-        })
-        .collect();
+    ];
+    jobs_table(r, suite, header, |j| {
+        let g = GoalCheck::of(j, peer, round_trip)?;
+        Some(vec![
+            j.job.name.clone(),
+            fmt_num(g.peer_us),
+            fmt_num(g.budget_us),
+            fmt_num(g.calls_per_op),
+            fmt_num(g.client_floor_us),
+            g.durable_us.map_or_else(|| "-".into(), fmt_num),
+            fmt_num(g.floor_us()),
+            fmt_num(g.nasd_us),
+            fmt_ratio(Some(g.peer_us / g.nasd_us)),
+            g.verdict(),
+        ])
+    })
+}
+
+/// A table of the suite's jobs that `row` gives a row for; none if it gives none.
+fn jobs_table(r: &Results, suite: &str, header: Vec<String>, row: impl Fn(&JobResult) -> Option<Vec<String>>) -> Option<Block> {
+    let rows: Vec<Vec<String>> = r.jobs.iter().filter(|j| j.job.suite == suite).filter_map(row).collect();
     (!rows.is_empty()).then_some(Block::Table { header, rows })
 }
 
@@ -352,10 +351,12 @@ impl LatencyCheck {
         let mean =
             |t: &str| j.get(t).filter(|m| m.error.is_none()).and_then(|m| m.fio.as_ref()).map(|f| f.lat_mean_us()).filter(|v| *v > 0.0);
         let (nasd_us, peer_us) = (mean("nasd")?, mean(peer)?);
-        let procs = &j.get("nasd")?.server.as_ref()?.procs;
-        let calls: u64 = procs.iter().map(|p| p.calls).sum();
-        (calls > 0).then_some(())?;
-        let server_us = procs.iter().map(|p| p.calls as f64 * p.mean_us).sum::<f64>() / calls as f64;
+        let server = j.get("nasd")?.server.as_ref()?;
+        let calls = server.calls();
+        if calls == 0 {
+            return None;
+        }
+        let server_us = server.procs.iter().map(|p| p.calls as f64 * p.mean_us).sum::<f64>() / calls as f64;
         Some(LatencyCheck { peer_us, budget_us: peer_us * LATENCY_GOAL, server_us, nasd_us })
     }
 
@@ -386,25 +387,19 @@ fn latency_goal_table(r: &Results, suite: &str, peer: &str) -> Option<Block> {
         format!("nasd÷{peer}"),
         "goal".into(),
     ];
-    let rows: Vec<Vec<String>> = r
-        .jobs
-        .iter()
-        .filter(|j| j.job.suite == suite)
-        .filter_map(|j| {
-            let c = LatencyCheck::of(j, peer)?;
-            Some(vec![
-                j.job.name.clone(),
-                fmt_num(c.peer_us),
-                fmt_num(c.budget_us),
-                fmt_num(c.nasd_us),
-                fmt_num(c.server_us),
-                fmt_num(c.floor_us()),
-                format!("{:.2}×", c.nasd_us / c.peer_us),
-                c.verdict(),
-            ])
-        })
-        .collect();
-    (!rows.is_empty()).then_some(Block::Table { header, rows })
+    jobs_table(r, suite, header, |j| {
+        let c = LatencyCheck::of(j, peer)?;
+        Some(vec![
+            j.job.name.clone(),
+            fmt_num(c.peer_us),
+            fmt_num(c.budget_us),
+            fmt_num(c.nasd_us),
+            fmt_num(c.server_us),
+            fmt_num(c.floor_us()),
+            format!("{:.2}×", c.nasd_us / c.peer_us),
+            c.verdict(),
+        ])
+    })
 }
 
 fn server_table(r: &Results, suite: &str) -> Option<Block> {
@@ -625,8 +620,9 @@ pub fn blocks(r: &Results, old: Option<&Results>, plots: &[(String, String)]) ->
             ));
             b.push(t);
         }
+        let round_trip = client_round_trip_us(r, &suite);
         for peer in r.peers() {
-            if let Some(t) = goal_table(r, &suite, &peer) {
+            if let Some(t) = round_trip.and_then(|rt| goal_table(r, &suite, &peer, rt)) {
                 b.push(Block::Heading(3, format!("The metadata goal ({META_GOAL}× {peer}) against the client's floor")));
                 b.push(Block::Para(format!(
                     "nfsh sends one call at a time, so an operation takes at least its calls' round trips. The round-trip job measures one: \
@@ -635,7 +631,7 @@ pub fn blocks(r: &Results, old: Option<&Results>, plots: &[(String, String)]) ->
                      calls to every server). A job that changes the namespace adds the local disk's time to make one change durable \
                      the way a `sync` export here makes it (RFC 1813: before the reply). Where that floor exceeds the budget \
                      ({peer}'s time ÷ {META_GOAL}), no server that keeps the promise meets the goal with this client on this disk.",
-                    fmt_num(client_round_trip_us(r, &suite).unwrap_or(f64::NAN))
+                    fmt_num(round_trip.unwrap_or(f64::NAN))
                 )));
                 b.push(t);
             }
@@ -1190,7 +1186,7 @@ mod tests {
         assert!((g.floor_us() - 160.0).abs() < 1e-6, "{g:?}");
         assert_eq!(g.verdict(), "open: nasd is 90.0 µs above the floor");
         assert_eq!(GoalCheck::of(&round_trip, "ganesha", rt), None, "the round trip is the floor, not a goal");
-        let Some(Block::Table { header, rows }) = goal_table(&r, "metadata", "ganesha") else { panic!("a goal table") };
+        let Some(Block::Table { header, rows }) = goal_table(&r, "metadata", "ganesha", rt) else { panic!("a goal table") };
         assert_eq!(header[4], "client floor µs/op (calls × 30.0)");
         let verdicts: Vec<(&str, &str)> = rows.iter().map(|row| (row[0].as_str(), row[9].as_str())).collect();
         assert_eq!(
@@ -1204,9 +1200,11 @@ mod tests {
         assert!(markdown(&r, None, &[]).contains("### The metadata goal (3× ganesha) against the client's floor"));
         // Without the round-trip job (or nasd's server figures for it) there is no floor to show.
         r.jobs.retain(|j| !matches!(j.job.kind, JobKind::Meta { op: MetaOp::RoundTrip, .. }));
-        assert!(goal_table(&r, "metadata", "ganesha").is_none());
+        assert_eq!(client_round_trip_us(&r, "metadata"), None);
+        assert!(!markdown(&r, None, &[]).contains("The metadata goal"));
         r.jobs.push(JobResult { runs: vec![meas("nasd", 1000, 0.035, None)], ..round_trip });
-        assert!(goal_table(&r, "metadata", "ganesha").is_none());
+        assert_eq!(client_round_trip_us(&r, "metadata"), None);
+        assert!(!markdown(&r, None, &[]).contains("The metadata goal"));
     }
 
     #[test]

@@ -347,10 +347,6 @@ fn iozone(p: Params) -> Vec<Job> {
 pub const TREE_JOBS: [(MetaOp, &str); 3] =
     [(MetaOp::Untar, "untar tree"), (MetaOp::CopyTree, "cp -r tree"), (MetaOp::RemoveTree, "rm -rf tree")];
 
-/// The metadata job that measures the client's round trip ([`MetaOp::RoundTrip`]) is named
-/// with this.
-pub const ROUND_TRIP_JOB: &str = "round trip";
-
 /// Concurrent clients of the metadata suite's parallel create and remove.
 pub const META_CLIENTS: u32 = 8;
 
@@ -365,7 +361,7 @@ fn metadata(smoke: bool) -> Vec<Job> {
         one(MetaOp::Tree, &format!("mkdir-tree {dirs} dirs × {} files", files / dirs)),
         one(MetaOp::Create, &format!("create {files} files")),
         one(MetaOp::Stat, &format!("stat {files} files")),
-        one(MetaOp::RoundTrip, &format!("{ROUND_TRIP_JOB}: {files} GETATTRs of one file")),
+        one(MetaOp::RoundTrip, &format!("round trip: {files} GETATTRs of one file")),
         one(MetaOp::Rename, &format!("rename {files} files")),
         one(MetaOp::Readdir, &format!("readdir {files} files")),
         one(MetaOp::Remove, &format!("remove {files} files")),

@@ -48,15 +48,20 @@ fn fail(n: usize) -> impl Fn(VfsError) -> Failure {
 fn fail_on<'a>(objects: &'a [&'a Admitted], n: usize) -> impl Fn(VfsError) -> Failure + 'a {
     move |e| {
         let mut f = fail(n)(e);
-        // A handle that names nothing has nothing to report, and looking again would
-        // only repeat the search that failed.
-        if !f.would_block && !matches!(e, VfsError::Stale | VfsError::BadHandle) {
+        if reports_attributes(e) {
             for (slot, adm) in f.post_op.iter_mut().zip(objects) {
                 *slot = adm.rt.vfs.getattr(&adm.cred, &adm.obj).ok();
             }
         }
         f
     }
+}
+
+/// Whether a failure reply carries its objects' attributes. Not for a call that would
+/// block (it runs again on a worker thread), nor where a handle names nothing: there is
+/// nothing to report, and looking again would only repeat the search that failed.
+fn reports_attributes(e: VfsError) -> bool {
+    !matches!(e, VfsError::WouldBlock | VfsError::Stale | VfsError::BadHandle)
 }
 
 /// Failure shapes: GETATTR has no results; most have one post_op_attr; modifying
@@ -195,7 +200,7 @@ fn lookup(state: &ServerState, ctx: &CallContext, at: &DirOp<'_>, out: &mut XdrW
         Err(e) => {
             // Directory attributes let the client cache the negative result.
             let mut f = fail(ATTR)(e);
-            if !f.would_block {
+            if reports_attributes(e) {
                 f.post_op[0] = Some(looked.dir_attr);
             }
             Err(f)

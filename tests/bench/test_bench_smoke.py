@@ -234,7 +234,7 @@ def test_bench_weighs_the_metadata_goal_against_the_clients_round_trip(tmp_path)
     md = (out / "report.md").read_text()
     title = "### The metadata goal (3× ganesha) against the client's floor"
     assert title in md, md
-    table = next(t for t in md_tables(md.split(title, 1)[1]))
+    table = md_tables(md.split(title, 1)[1])[0]
     header, rows = table[0], {r[0]: r for r in table[1:]}
     assert set(rows) == {"create 5000 files", "stat 5000 files"}, rows
     col = {h.split(" (")[0]: i for i, h in enumerate(header)}

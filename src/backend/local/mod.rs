@@ -876,9 +876,13 @@ impl LocalFs {
         Ok(id)
     }
 
-    /// `name` in the resolved directory `dir` (`..` included).
-    fn lookup_name(&self, cred: &Cred, dir: &CachedObject, dir_attr: &Attr, name: &[u8]) -> VfsResult<(ObjectId, Attr)> {
-        if name == b".." && !self.is_root(dir_attr) {
+    /// `name` in the resolved directory `dir`, `..` included.
+    fn lookup_entry(&self, cred: &Cred, dir: &CachedObject, dir_attr: &Attr, name: &[u8]) -> VfsResult<(ObjectId, Attr)> {
+        if name == b".." {
+            if self.is_root(dir_attr) {
+                // Never above the export root: `..` of the root is the root.
+                return Ok((self.root_id, dir_attr.clone()));
+            }
             // The directory may have been moved out of the export since it was cached, or
             // may be moved while this runs: the parent found is what must be in the export.
             let dotdot = CString::new("..").expect("no NUL");
@@ -889,14 +893,6 @@ impl LocalFs {
             let (id, attr, fd) = self.entry_of(parent)?;
             self.cache.insert(id, CachedObject::new(fd)).touch();
             return Ok((id, attr));
-        }
-        self.lookup_entry(dir, dir_attr, name)
-    }
-
-    fn lookup_entry(&self, dir: &CachedObject, dir_attr: &Attr, name: &[u8]) -> VfsResult<(ObjectId, Attr)> {
-        if name == b".." && self.is_root(dir_attr) {
-            // Never above the export root: `..` of the root is the root.
-            return Ok((self.root_id, dir_attr.clone()));
         }
         let c = if is_dot_or_dotdot(name) { CString::new(name).expect("no NUL") } else { sys::component(name)? };
         // An object looked up before and still open costs one `statx`, not an open.
@@ -1293,7 +1289,7 @@ impl Vfs for LocalFs {
 
     fn lookup_in(&self, cred: &Cred, dir: &ObjectId, name: &[u8]) -> VfsResult<Lookup> {
         let (dobj, dir_attr) = self.resolve_dir(cred, dir)?;
-        let found = self.lookup_name(cred, &dobj, &dir_attr, name);
+        let found = self.lookup_entry(cred, &dobj, &dir_attr, name);
         Ok(Lookup { dir_attr, found })
     }
 
