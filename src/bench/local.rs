@@ -160,12 +160,15 @@ pub fn meta(root: &Path, op: MetaOp, files: u32, dirs: u32, durable: Option<&Dur
             }
             return Ok((files as u64, t0.elapsed().as_secs_f64()));
         }
-        Readdir => {
-            let n = std::fs::read_dir(&flat)?.count() as u64;
-            if n != files as u64 {
-                bail!("readdir found {n} entries, expected {files}");
+        Readdir | Relist => {
+            let listings = if op == Relist { super::suites::RELISTINGS } else { 1 };
+            for _ in 0..listings {
+                let n = std::fs::read_dir(&flat)?.count() as u64;
+                if n != files as u64 {
+                    bail!("readdir found {n} entries, expected {files}");
+                }
             }
-            n
+            files as u64 * listings as u64
         }
         Remove => {
             let dir = open_flat()?;
@@ -497,6 +500,8 @@ mod tests {
             }
             assert!(root.join("md-flat/r00000029").exists() && !root.join("md-flat/f00000000").exists());
             assert_eq!(meta(root, MetaOp::Readdir, 30, 3, calls).unwrap().0, 30);
+            // every listing's entries count
+            assert_eq!(meta(root, MetaOp::Relist, 30, 3, calls).unwrap().0, 30 * super::super::suites::RELISTINGS as u64);
             assert_eq!(meta(root, MetaOp::Remove, 30, 3, calls).unwrap().0, 30);
             assert_eq!(std::fs::read_dir(root.join("md-flat")).unwrap().count(), 0);
             assert!(meta(root, MetaOp::Untar, 30, 3, calls).is_err());

@@ -3,7 +3,7 @@
 //! command lines, machine facts and plots. Both formats render the same blocks.
 
 use super::suites::{iozone_cases, JobKind, MetaOp, IOZONE_OPS};
-use super::{fio::fmt_size, JobResult, Results};
+use super::{fio::fmt_size, JobResult, Measurement, Results};
 use std::collections::BTreeSet;
 use std::path::Path;
 
@@ -222,21 +222,45 @@ fn meta_table(r: &Results, suite: &str) -> Option<Block> {
 /// The metadata goal: nasd at least this many times a peer's operations per second.
 pub const META_GOAL: f64 = 3.0;
 
-/// The client's own round trip, µs per call: nasd's time per GETATTR in the round-trip
-/// job less its server-side time for one, i.e. what a call costs with a server that
-/// takes no time at all (the client, both kernels' TCP paths and the wake-ups).
-pub fn client_round_trip_us(r: &Results, suite: &str) -> Option<f64> {
-    let j = r.jobs.iter().find(|j| j.job.suite == suite && matches!(j.job.kind, JobKind::Meta { op: MetaOp::RoundTrip, .. }))?;
-    let per_call = 1e6 / j.value("nasd").filter(|v| *v > 0.0)?;
-    let server = j.get("nasd")?.server.as_ref()?.procs.iter().find(|p| p.procedure.ends_with("GETATTR"))?.mean_us;
-    Some((per_call - server).max(0.0))
+/// The client's own round trip: nasd's time per GETATTR in the round-trip job less its
+/// server-side time for one, i.e. what a call costs with a server that takes no time at
+/// all (the client, both kernels' TCP paths and the wake-ups).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RoundTrip {
+    /// µs per call.
+    pub us: f64,
+    /// The client's own CPU time per call of it (its process's user + system time), µs.
+    pub client_cpu_us: Option<f64>,
+}
+
+impl RoundTrip {
+    pub fn of(r: &Results, suite: &str) -> Option<RoundTrip> {
+        let j = r.jobs.iter().find(|j| j.job.suite == suite && matches!(j.job.kind, JobKind::Meta { op: MetaOp::RoundTrip, .. }))?;
+        let per_call = 1e6 / j.value("nasd").filter(|v| *v > 0.0)?;
+        let nasd = j.get("nasd")?;
+        let server = nasd.server.as_ref()?.procs.iter().find(|p| p.procedure.ends_with("GETATTR"))?.mean_us;
+        Some(RoundTrip { us: (per_call - server).max(0.0), client_cpu_us: client_cpu_per_op_us(nasd) })
+    }
+}
+
+/// The client processes' CPU time per operation of a metadata job, µs.
+fn client_cpu_per_op_us(m: &Measurement) -> Option<f64> {
+    let ops = m.meta.as_ref().map(|f| f.ops).filter(|n| *n > 0)?;
+    Some(m.cpu.as_ref()?.client / ops as f64 * 1e6)
 }
 
 /// One single-client metadata job weighed against the goal over `peer`: what the goal
 /// allows per operation, and the least any server can take per operation with this
-/// client, one call at a time (`round_trip_us` per call it makes, plus the local disk's
-/// own time to make the change durable where it changes something). A goal whose floor
-/// lies above its budget cannot be met by any server that keeps RFC 1813's promise.
+/// client, one call at a time, plus the local disk's own time to make the change durable
+/// where it changes something. A goal whose floor lies above its budget cannot be met by
+/// any server that keeps RFC 1813's promise.
+///
+/// The client's part of that floor is the larger of two lower bounds: a round trip per
+/// call; and, where the client's CPU time is known, the round trip less the client's own
+/// CPU in it per call, plus the client's CPU per operation of this job (the less of
+/// nasd's run and the peer's). The second counts what a call's round trip does not: the
+/// client reading a long reply (a READDIRPLUS reply's entries), which it does before it
+/// sends the next call.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GoalCheck {
     pub peer_us: f64,
@@ -248,7 +272,7 @@ pub struct GoalCheck {
 }
 
 impl GoalCheck {
-    pub fn of(j: &JobResult, peer: &str, round_trip_us: f64) -> Option<GoalCheck> {
+    pub fn of(j: &JobResult, peer: &str, round_trip: RoundTrip) -> Option<GoalCheck> {
         let JobKind::Meta { op, clients: 1, .. } = j.job.kind else { return None };
         if op == MetaOp::RoundTrip {
             return None;
@@ -264,11 +288,20 @@ impl GoalCheck {
             .filter(|d| d.ops > 0)
             .map(|d| d.seconds / d.ops as f64 * 1e6);
         let calls_per_op = calls as f64 / ops.max(1) as f64;
+        let client_cpu_us = [Some(nasd), j.get(peer).filter(|m| m.error.is_none())]
+            .into_iter()
+            .flatten()
+            .filter_map(client_cpu_per_op_us)
+            .min_by(f64::total_cmp);
+        let with_client_cpu = match (client_cpu_us, round_trip.client_cpu_us) {
+            (Some(op_cpu), Some(call_cpu)) => calls_per_op * (round_trip.us - call_cpu).max(0.0) + op_cpu,
+            _ => 0.0,
+        };
         Some(GoalCheck {
             peer_us,
             budget_us: peer_us / META_GOAL,
             calls_per_op,
-            client_floor_us: calls_per_op * round_trip_us,
+            client_floor_us: (calls_per_op * round_trip.us).max(with_client_cpu),
             durable_us,
             nasd_us: 1e6 / j.value("nasd").filter(|v| *v > 0.0)?,
         })
@@ -290,15 +323,14 @@ impl GoalCheck {
 }
 
 /// The metadata goal against `peer`, job by job, beside the floor that this client
-/// (`round_trip` µs a call, [`client_round_trip_us`]) and this disk put under any server
-/// ([`GoalCheck`]).
-fn goal_table(r: &Results, suite: &str, peer: &str, round_trip: f64) -> Option<Block> {
+/// ([`RoundTrip`]) and this disk put under any server ([`GoalCheck`]).
+fn goal_table(r: &Results, suite: &str, peer: &str, round_trip: RoundTrip) -> Option<Block> {
     let header = vec![
         "job".to_string(),
         format!("{peer} µs/op"),
         format!("{META_GOAL}× budget µs/op"),
         "calls/op".into(),
-        format!("client floor µs/op (calls × {})", fmt_num(round_trip)),
+        format!("client floor µs/op (≥ calls × {})", fmt_num(round_trip.us)),
         "durable change, local µs/op".into(),
         "floor µs/op".into(),
         "nasd µs/op".into(),
@@ -620,18 +652,24 @@ pub fn blocks(r: &Results, old: Option<&Results>, plots: &[(String, String)]) ->
             ));
             b.push(t);
         }
-        let round_trip = client_round_trip_us(r, &suite);
+        let round_trip = RoundTrip::of(r, &suite);
         for peer in r.peers() {
             if let Some(t) = round_trip.and_then(|rt| goal_table(r, &suite, &peer, rt)) {
                 b.push(Block::Heading(3, format!("The metadata goal ({META_GOAL}× {peer}) against the client's floor")));
+                let client_cpu = round_trip
+                    .and_then(|rt| rt.client_cpu_us)
+                    .map_or_else(|| "not measured".into(), |us| format!("{} µs a call", fmt_num(us)));
                 b.push(Block::Para(format!(
                     "nfsh sends one call at a time, so an operation takes at least its calls' round trips. The round-trip job measures one: \
                      nasd's time per GETATTR less its server-side time for it is what a call costs with a server that takes no time \
-                     ({} µs here). calls/op: the calls nasd counted over the job's timed part ÷ its operations (the client sends the same \
-                     calls to every server). A job that changes the namespace adds the local disk's time to make one change durable \
+                     ({} µs here; the client's own CPU in it: {client_cpu}). calls/op: the calls nasd counted over the job's timed part ÷ its operations (the client sends the same \
+                     calls to every server). The client floor is the larger of calls × round trip and, where the client's CPU was measured, \
+                     calls × the round trip less the client's CPU in it, plus the client's own CPU per operation of the job (the less of nasd's run and {peer}'s): \
+                     nfsh reads each reply whole, a long listing's entries included, before it sends the next call. \
+                     A job that changes the namespace adds the local disk's time to make one change durable \
                      the way a `sync` export here makes it (RFC 1813: before the reply). Where that floor exceeds the budget \
                      ({peer}'s time ÷ {META_GOAL}), no server that keeps the promise meets the goal with this client on this disk.",
-                    fmt_num(round_trip.unwrap_or(f64::NAN))
+                    fmt_num(round_trip.map_or(f64::NAN, |rt| rt.us))
                 )));
                 b.push(t);
             }
@@ -989,7 +1027,7 @@ pub fn machine_facts(dir: &Path) -> Vec<(String, String)> {
 mod tests {
     use super::super::fio::{FioResult, FioShape};
     use super::super::suites::{Job, Metric};
-    use super::super::{Measurement, TargetInfo};
+    use super::super::TargetInfo;
     use super::*;
 
     fn results() -> Results {
@@ -1175,9 +1213,35 @@ mod tests {
             job: job("readdir 1000 files", MetaOp::Readdir),
             runs: vec![meas("nasd", 1000, 0.001, Some(server(&[("nfs3 READDIRPLUS", 20, 40.0)]))), meas("ganesha", 1000, 0.004, None)],
         };
+        // readdir again, where the client's CPU is known: 20 calls for 1000 entries, and
+        // reading the replies costs the client 0.6 µs an entry (ganesha's run; 0.9 in nasd's)
+        let with_cpu = |mut m: Measurement, client: f64| {
+            m.cpu = Some(super::super::cpu::CpuFigures { seconds: 0.0, client, server: None });
+            m
+        };
+        let relist = JobResult {
+            job: job("readdir 1000 files × 10 listings", MetaOp::Relist),
+            runs: vec![
+                with_cpu(meas("nasd", 1000, 0.002, Some(server(&[("nfs3 READDIRPLUS", 20, 20.0)]))), 0.0009),
+                with_cpu(meas("ganesha", 1000, 0.0015, None), 0.0006),
+            ],
+        };
         r.jobs = vec![create.clone(), stat.clone(), round_trip.clone(), readdir];
-        let rt = client_round_trip_us(&r, "metadata").expect("a round trip");
-        assert!((rt - 30.0).abs() < 1e-6, "{rt}");
+        let rt = RoundTrip::of(&r, "metadata").expect("a round trip");
+        assert!((rt.us - 30.0).abs() < 1e-6 && rt.client_cpu_us.is_none(), "{rt:?}");
+        // Without the client's CPU the floor is the calls' round trips alone.
+        let g = GoalCheck::of(&relist, "ganesha", rt).expect("relist is checked");
+        assert!((g.floor_us() - 0.6).abs() < 1e-9, "{g:?}");
+        assert!(g.verdict().starts_with("out of reach: the floor is 1.2×"), "{}", g.verdict());
+        // With it (10 µs of the 30 µs round trip is the client's CPU): 20 µs a call, plus
+        // 0.6 µs an entry of reading replies, 0.02 calls an entry: 1.0 µs against 0.5.
+        let rt_cpu = RoundTrip { client_cpu_us: Some(10.0), ..rt };
+        let g = GoalCheck::of(&relist, "ganesha", rt_cpu).expect("relist is checked");
+        assert!((g.floor_us() - 1.0).abs() < 1e-9 && (g.budget_us - 0.5).abs() < 1e-9, "{g:?}");
+        assert_eq!(g.verdict(), "out of reach: the floor is 2.0× the budget");
+        // A job whose client CPU is below its calls' share of the round trip keeps that floor.
+        let g = GoalCheck::of(&stat, "ganesha", rt_cpu).expect("stat is checked");
+        assert!((g.floor_us() - 90.0).abs() < 1e-6, "{g:?}");
         let g = GoalCheck::of(&stat, "ganesha", rt).expect("stat is checked");
         assert!((g.calls_per_op - 3.0).abs() < 1e-9 && (g.floor_us() - 90.0).abs() < 1e-6 && (g.budget_us - 50.0).abs() < 1e-6, "{g:?}");
         assert_eq!(g.durable_us, None, "a stat changes nothing");
@@ -1187,7 +1251,7 @@ mod tests {
         assert_eq!(g.verdict(), "open: nasd is 90.0 µs above the floor");
         assert_eq!(GoalCheck::of(&round_trip, "ganesha", rt), None, "the round trip is the floor, not a goal");
         let Some(Block::Table { header, rows }) = goal_table(&r, "metadata", "ganesha", rt) else { panic!("a goal table") };
-        assert_eq!(header[4], "client floor µs/op (calls × 30.0)");
+        assert_eq!(header[4], "client floor µs/op (≥ calls × 30.0)");
         let verdicts: Vec<(&str, &str)> = rows.iter().map(|row| (row[0].as_str(), row[9].as_str())).collect();
         assert_eq!(
             verdicts,
@@ -1200,10 +1264,10 @@ mod tests {
         assert!(markdown(&r, None, &[]).contains("### The metadata goal (3× ganesha) against the client's floor"));
         // Without the round-trip job (or nasd's server figures for it) there is no floor to show.
         r.jobs.retain(|j| !matches!(j.job.kind, JobKind::Meta { op: MetaOp::RoundTrip, .. }));
-        assert_eq!(client_round_trip_us(&r, "metadata"), None);
+        assert_eq!(RoundTrip::of(&r, "metadata"), None);
         assert!(!markdown(&r, None, &[]).contains("The metadata goal"));
         r.jobs.push(JobResult { runs: vec![meas("nasd", 1000, 0.035, None)], ..round_trip });
-        assert_eq!(client_round_trip_us(&r, "metadata"), None);
+        assert_eq!(RoundTrip::of(&r, "metadata"), None);
         assert!(!markdown(&r, None, &[]).contains("The metadata goal"));
     }
 

@@ -37,7 +37,13 @@ pub enum MetaOp {
     RoundTrip,
     /// Rename each file of the flat directory (f00000000 -> r00000000).
     Rename,
+    /// One listing of the flat directory: the first, with nothing of it in the server's
+    /// caches but what the earlier jobs left.
     Readdir,
+    /// [`RELISTINGS`] listings of the flat directory in a row by one client: listing a
+    /// directory again, as `ls` in a loop or a build's file scans do, and a figure that
+    /// one listing (tens of milliseconds) is too short to give on a shared machine.
+    Relist,
     /// Remove the renamed files.
     Remove,
     /// The real-tree workload: recreate a source tree from the local disk ("tar x").
@@ -57,7 +63,7 @@ impl MetaOp {
     /// Steps that create, rename or remove entries (all but stat and readdir): a `sync`
     /// export makes each of their changes durable before its reply.
     pub fn changes_the_namespace(self) -> bool {
-        !matches!(self, MetaOp::Stat | MetaOp::RoundTrip | MetaOp::Readdir)
+        !matches!(self, MetaOp::Stat | MetaOp::RoundTrip | MetaOp::Readdir | MetaOp::Relist)
     }
 
     /// Steps that free inodes (remove, rm -rf). They run after every other step of every
@@ -69,7 +75,7 @@ impl MetaOp {
     /// The earlier job, with as many clients, whose files this one works on.
     pub fn works_on(self, clients: u32) -> Option<MetaOp> {
         match self {
-            MetaOp::Stat | MetaOp::RoundTrip | MetaOp::Rename | MetaOp::Readdir => Some(MetaOp::Create),
+            MetaOp::Stat | MetaOp::RoundTrip | MetaOp::Rename | MetaOp::Readdir | MetaOp::Relist => Some(MetaOp::Create),
             // One client removes the renamed files; several remove what they created.
             MetaOp::Remove if clients == 1 => Some(MetaOp::Rename),
             MetaOp::Remove => Some(MetaOp::Create),
@@ -347,6 +353,9 @@ fn iozone(p: Params) -> Vec<Job> {
 pub const TREE_JOBS: [(MetaOp, &str); 3] =
     [(MetaOp::Untar, "untar tree"), (MetaOp::CopyTree, "cp -r tree"), (MetaOp::RemoveTree, "rm -rf tree")];
 
+/// Listings of the flat directory in the metadata suite's repeated-listing job.
+pub const RELISTINGS: u32 = 10;
+
 /// Concurrent clients of the metadata suite's parallel create and remove.
 pub const META_CLIENTS: u32 = 8;
 
@@ -364,6 +373,7 @@ fn metadata(smoke: bool) -> Vec<Job> {
         one(MetaOp::RoundTrip, &format!("round trip: {files} GETATTRs of one file")),
         one(MetaOp::Rename, &format!("rename {files} files")),
         one(MetaOp::Readdir, &format!("readdir {files} files")),
+        one(MetaOp::Relist, &format!("readdir {files} files × {RELISTINGS} listings")),
         one(MetaOp::Remove, &format!("remove {files} files")),
         parallel(MetaOp::Create, "create"),
         parallel(MetaOp::Remove, "remove"),
@@ -499,6 +509,7 @@ mod tests {
                     "round trip: 5000 GETATTRs of one file",
                     "rename 5000 files",
                     "readdir 5000 files",
+                    "readdir 5000 files × 10 listings",
                     "remove 5000 files",
                     "create 5000 files × 8 clients",
                     "remove 5000 files × 8 clients",
@@ -522,6 +533,7 @@ mod tests {
             // the round trip asks for a file create made, before rename renames it
             assert!(at(MetaOp::Create) < at(MetaOp::RoundTrip) && at(MetaOp::RoundTrip) < at(MetaOp::Rename));
             assert!(at(MetaOp::Rename) < at(MetaOp::Readdir) && at(MetaOp::Readdir) < at(MetaOp::Remove));
+            assert!(at(MetaOp::Readdir) < at(MetaOp::Relist) && at(MetaOp::Relist) < at(MetaOp::Remove));
             assert!(at(MetaOp::Untar) < at(MetaOp::CopyTree) && at(MetaOp::CopyTree) < at(MetaOp::RemoveTree));
             assert_eq!(ops.iter().filter(|o| o.is_tree()).count(), 3);
             // the parallel jobs: create, then remove what it made, each by 8 clients
@@ -561,7 +573,11 @@ mod tests {
         };
         let first_free = order.iter().position(|&(_, i)| op(i).frees_inodes()).unwrap();
         assert!(order[first_free..].iter().all(|&(_, i)| op(i).frees_inodes()), "{order:?}");
-        assert_eq!(order[..first_free].len(), 3 * 9, "mkdir-tree, create, stat, round trip, rename, readdir, create × 8, untar, cp -r");
+        assert_eq!(
+            order[..first_free].len(),
+            3 * 10,
+            "mkdir-tree, create, stat, round trip, rename, readdir, relist, create × 8, untar, cp -r"
+        );
         // a freeing step of a repetition runs after the step whose files it removes
         let at = |rep: u32, i: usize| order.iter().position(|&x| x == (rep, i)).unwrap();
         for (i, job) in j.iter().enumerate() {

@@ -170,19 +170,22 @@ def test_bench_repeats_metadata_steps_each_in_a_directory_of_its_own(tmp_path):
     stderr, results = bench_results(out, "--suite", "metadata", "--only", "readdir", "--repeat", "2",
                                     "--target", "nasd", "--keep-data")
     jobs = {j["job"]["name"]: j for j in results["jobs"]}
-    assert list(jobs) == ["create 5000 files", "readdir 5000 files"]
+    relist = "readdir 5000 files × 10 listings"
+    assert list(jobs) == ["create 5000 files", "readdir 5000 files", relist]
     for name, job in jobs.items():
         for m in job["runs"]:
             assert m["error"] is None, (name, m["target"], m["error"])
-            assert m["meta"]["ops"] == 5000, (name, m["target"], m["meta"])
+            # the repeated listing counts the entries of each of its ten listings
+            assert m["meta"]["ops"] == (50000 if name == relist else 5000), (name, m["target"], m["meta"])
             assert len(m["repeats"]) == 2, (name, m["target"], m["repeats"])
     # the steps ran in order in each repetition: create, readdir, create, readdir
     order = stderr.index
-    assert order("create 5000 files (1/2)") < order("readdir 5000 files (1/2)") \
-        < order("create 5000 files (2/2)") < order("readdir 5000 files (2/2)")
-    raw = {f.name for f in (out / "raw").glob("*-nasd*.json")}
+    assert order("create 5000 files (1/2)") < order("readdir 5000 files (1/2)") < order(f"{relist} (1/2)") \
+        < order("create 5000 files (2/2)") < order("readdir 5000 files (2/2)") < order(f"{relist} (2/2)")
+    raw = {f.name for f in (out / "raw").glob("*-nasd*.json") if not f.name.startswith("002-")}
     assert raw == {"000-create-5000-files-nasd.json", "000-create-5000-files-nasd-r2.json",
                    "001-readdir-5000-files-nasd.json", "001-readdir-5000-files-nasd-r2.json"}, raw
+    assert len(list((out / "raw").glob("002-*-nasd*.json"))) == 2
     for export in (out / "data" / "nasd").rglob("md-flat"):
         assert len(list(export.iterdir())) == 5000, export
     # every repetition, the first too, one directory deep (libnfs LOOKUPs each directory
@@ -196,6 +199,7 @@ def test_bench_repeats_metadata_steps_each_in_a_directory_of_its_own(tmp_path):
     local = {name: next(m for m in job["runs"] if m["target"] == "local") for name, job in jobs.items()}
     assert local["create 5000 files"]["durable"]["ops"] == 5000, local["create 5000 files"]
     assert "durable" not in local["readdir 5000 files"], local["readdir 5000 files"]
+    assert "durable" not in local[relist] and local[relist]["meta"]["ops"] == 50000, local[relist]
 
 
 def test_bench_refuses_a_report_to_compare_with_before_running_anything(tmp_path):

@@ -15,7 +15,8 @@ Commands (all paths relative to the export root; see nfsh.c for details):
   stat PATH, lstat PATH, statvfs PATH,
   create-loop DIR N, stat-loop DIR N, remove-loop DIR N [PREFIX]  (DIR/f00000000 ...),
   rename-loop DIR N [FROM TO]  (DIR/f00000000 -> DIR/r00000000 ...),
-  readdir DIR [--names]  (exit 3 when names are duplicated),
+  readdir DIR [--names] [--times N]  (exit 3 when names are duplicated; --times
+      lists N times, each must find as many entries: "count" is per listing),
   mkdir-tree DIR DIRS FILES_PER_DIR  (DIR/d00000/f00000000 ...),
   put-tree LOCALDIR DIR, copy-tree SRC DST, remove-tree DIR  ("untar", "cp -r",
       "rm -rf": {"ops": files+dirs+links, "files", "dirs", "links", "bytes", "seconds"}),

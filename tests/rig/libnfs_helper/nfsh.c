@@ -114,7 +114,8 @@ static void usage(void)
 		"  rename-loop DIR N [FROM TO]     rename DIR/f00000000 -> DIR/r00000000 ...\n"
 		"                                  (name prefixes FROM, TO; default f r)\n"
 		"  remove-loop DIR N [PREFIX]      unlink DIR/f00000000..N-1 (PREFIX default f)\n"
-		"  readdir DIR [--names]           count entries, check names unique\n"
+		"  readdir DIR [--names] [--times N]  count entries, check names unique;\n"
+		"                                  --times: list N times (each must agree)\n"
 		"  mkdir-tree DIR DIRS FILES       DIR/dNNNNN/fNNNNNNNN\n"
 		"  put-tree LOCALDIR DIR           recreate a local tree under DIR (\"untar\")\n"
 		"  copy-tree SRC DST               copy a tree inside the export (\"cp -r\")\n"
@@ -413,37 +414,69 @@ static int cmp_str(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-static int cmd_readdir(char **a, int argc)
+/* One listing of d: the number of entries other than . and .., those counted in *dots;
+ * the names into *v (grown as needed) when v is not NULL. */
+static size_t list_once(char *d, char ***v, size_t *cap, size_t *dots)
 {
-	char *d = abspath(a[0]);
-	int names = argc > 1 && !strcmp(a[1], "--names");
 	struct nfsdir *dir;
-	double t0 = now();
 	int rc = nfs_opendir(nfs, d, &dir);
 	if (rc < 0)
 		die("opendir", d, rc);
-	size_t cap = 1024, n = 0, dots = 0;
-	char **v = malloc(cap * sizeof *v);
+	size_t n = 0;
 	struct nfsdirent *e;
 	while ((e = nfs_readdir(nfs, dir)) != NULL) {
 		if (!strcmp(e->name, ".") || !strcmp(e->name, "..")) {
-			dots++;
+			(*dots)++;
 			continue;
 		}
-		if (n == cap)
-			v = realloc(v, (cap *= 2) * sizeof *v);
-		v[n++] = strdup(e->name);
+		if (v) {
+			if (n == *cap)
+				*v = realloc(*v, (*cap *= 2) * sizeof **v);
+			(*v)[n] = strdup(e->name);
+		}
+		n++;
 	}
 	nfs_closedir(nfs, dir);
+	return n;
+}
+
+static int cmd_readdir(char **a, int argc)
+{
+	char *d = abspath(a[0]);
+	int names = 0;
+	long times = 1;
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(a[i], "--names"))
+			names = 1;
+		else if (!strcmp(a[i], "--times") && i + 1 < argc)
+			times = parse_long(a[++i]);
+		else
+			usage();
+	}
+	if (times < 1)
+		usage();
+	double t0 = now();
+	size_t cap = 1024, dots = 0;
+	char **v = malloc(cap * sizeof *v);
+	size_t n = list_once(d, &v, &cap, &dots);
+	/* Listed again (--times): every listing must find as many entries as the first. */
+	for (long t = 1; t < times; t++) {
+		size_t again_dots = 0, again = list_once(d, NULL, NULL, &again_dots);
+		if (again != n || again_dots != dots) {
+			fprintf(stderr, "nfsh: readdir %s: listing %ld found %zu entries, the first %zu\n", d, t + 1, again, n);
+			exit(1);
+		}
+	}
 	double secs = now() - t0;
 	qsort(v, n, sizeof *v, cmp_str);
 	size_t dups = 0;
 	printf("{\"ok\":true,\"dir\":");
 	json_str(stdout, d);
 	/* started/ended: CLOCK_MONOTONIC, as the loops' (print_loop) */
-	printf(",\"count\":%zu,\"dot_entries\":%zu,\"seconds\":%.6f,"
+	/* count: entries per listing; seconds: all the listings' */
+	printf(",\"count\":%zu,\"listings\":%ld,\"dot_entries\":%zu,\"seconds\":%.6f,"
 	       "\"started\":%.6f,\"ended\":%.6f,\"duplicates\":[",
-	       n, dots, secs, t0, t0 + secs);
+	       n, times, dots, secs, t0, t0 + secs);
 	for (size_t i = 1; i < n; i++) {
 		if (!strcmp(v[i], v[i - 1]) && (i < 2 || strcmp(v[i], v[i - 2]))) {
 			if (dups < 100) {
