@@ -327,6 +327,14 @@ impl DurableCalls {
     }
 }
 
+/// A write into blocks already allocated and written, and where they lay on the disk
+/// when it was made ([`sys::written_layout`]).
+struct Overwrite {
+    offset: u64,
+    len: u64,
+    layout: sys::Layout,
+}
+
 /// Where the sync groups a change will wait on stood just before it was made (see
 /// [`SyncTicket`]): the whole file system's ([`LocalFs::fs_group`]) and the object's own.
 #[derive(Debug, Clone, Copy)]
@@ -940,7 +948,7 @@ impl LocalFs {
             return fs.flush(since, &self.root_fd, || self.renew_write_verifier());
         }
         for (dir, attr, since) in dirs {
-            self.make_durable(cred, dir, attr, SyncKind::Full, *since)?;
+            self.make_durable(cred, dir, attr, SyncKind::Full, *since, None)?;
         }
         Ok(())
     }
@@ -953,7 +961,7 @@ impl LocalFs {
             return Ok(());
         }
         match attr.kind {
-            FileKind::Regular | FileKind::Directory => self.make_durable(cred, obj, attr, SyncKind::Full, since),
+            FileKind::Regular | FileKind::Directory => self.make_durable(cred, obj, attr, SyncKind::Full, since, None),
             _ => self.flush_file_system(since),
         }
     }
@@ -973,7 +981,15 @@ impl LocalFs {
 
     /// Makes everything written to `obj` so far durable, sharing the flush with concurrent
     /// callers (group commit); fails if a sync since `since` failed.
-    fn make_durable(&self, cred: &Cred, obj: &CachedObject, attr: &Attr, kind: SyncKind, since: Since) -> VfsResult<()> {
+    fn make_durable(
+        &self,
+        cred: &Cred,
+        obj: &CachedObject,
+        attr: &Attr,
+        kind: SyncKind,
+        since: Since,
+        overwrite: Option<&Overwrite>,
+    ) -> VfsResult<()> {
         // `fsync` works through any descriptor of the file.
         let fd = self.io_fd(cred, obj, attr, R)?;
         // A failed sync changes the verifier before any caller learns the outcome: a sync
@@ -997,6 +1013,21 @@ impl LocalFs {
         // follows.
         match &self.fs_sync {
             None => file_sync(),
+            // A write into blocks already allocated and written changes no allocation: the
+            // file's own sync writes all it changed, its data and its inode (whose times
+            // the write marked dirty, as it should), on any kernel, and ends in the flush.
+            // The layout is looked at again after it: should it have changed meanwhile
+            // (the range punched and filled again by someone else), the file system's
+            // flush follows after all.
+            Some(fs) if overwrite.is_some() => {
+                file_sync()?;
+                let kept = overwrite.is_some_and(|o| sys::written_layout(&fd, o.offset, o.len).as_ref() == Some(&o.layout));
+                if kept {
+                    Ok(())
+                } else {
+                    fs.flush(since.fs, &self.root_fd, || self.renew_write_verifier())
+                }
+            }
             // `syncfs` writes the file's data and everything else first; the file's own
             // `fsync` then flushes the disk's cache after `syncfs`'s last writes (one
             // flush fewer than `fsync`, `syncfs`, `fsync` of the root) and reports the
@@ -1402,7 +1433,14 @@ impl Vfs for LocalFs {
                 sys::start_writeback(&fd, offset, count as u64);
             }
             let kind = if stable == Stability::FileSync { SyncKind::Full } else { SyncKind::Data };
-            self.make_durable(cred, &obj, &before, kind, since)?;
+            // Where the file's sync alone would not do for every write (no journal), one
+            // that allocates nothing needs no more ([`Self::make_durable`]).
+            let within = offset.checked_add(count as u64).is_some_and(|end| end <= before.size);
+            let overwrite = (self.fs_sync.is_some() && within)
+                .then(|| sys::written_layout(&fd, offset, count as u64))
+                .flatten()
+                .map(|layout| Overwrite { offset, len: count as u64, layout });
+            self.make_durable(cred, &obj, &before, kind, since, overwrite.as_ref())?;
         }
         Ok(WriteResult { count, committed, wcc: Wcc { before: Some(PreOpAttr::from(&before)), after: self.stat(&obj).ok() } })
     }
@@ -1422,7 +1460,7 @@ impl Vfs for LocalFs {
         }
         if self.sync {
             // Writes acknowledged before a failed sync are the verifier's to disown.
-            self.make_durable(cred, &obj, &before, SyncKind::Full, self.since(&obj))?;
+            self.make_durable(cred, &obj, &before, SyncKind::Full, self.since(&obj), None)?;
             // A check of a descriptor leaving the cache may have taken an error this sync
             // would have reported; the verifier the reply carries must show it.
             self.close_checks.wait_for_begun();
@@ -2069,6 +2107,50 @@ mod tests {
             .map(|target| target.to_string_lossy().into_owned())
             .filter(|target| target.starts_with(&*dir.to_string_lossy()) && target.ends_with(" (deleted)"))
             .collect()
+    }
+
+    #[test]
+    fn a_stable_write_that_allocates_nothing_needs_no_flush_of_the_whole_file_system() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fs = LocalFs::open(&LocalConfig {
+            path: dir.path().to_path_buf(),
+            fsid: 1,
+            sync: true,
+            cache_capacity: 64,
+            cache_idle: None,
+            changes: ChangeCount::default(),
+        })
+        .expect("open export");
+        let Some(fs_flushes) = fs.fs_sync.as_ref().map(|f| &f.group) else {
+            eprintln!("skipped: this file system has a journal, so a file's sync never needs the whole file system's flush");
+            return;
+        };
+        let root = Cred::root();
+        let f = fs.create(&root, &fs.root(), b"f", &CreateHow::Guarded(SetAttrs::default())).durable().expect("create").obj;
+        let block = vec![5u8; 64 * 1024];
+        fs.write(&root, &f, 0, &block, Stability::Unstable, Blocking::Allowed).expect("write");
+        fs.commit(&root, &f, 0, 0).expect("commit: the blocks are allocated and written");
+        let (obj, _) = fs.resolve(&root, &f).expect("resolve");
+        let fd = fs.io_fd(&root, &obj, &fs.getattr(&root, &f).expect("getattr"), R).expect("fd");
+        if sys::written_layout(&fd, 0, block.len() as u64).is_none() {
+            assert!(!sys::tests::maps_extents(&fd), "ext4 gave no layout for blocks allocated and written");
+            eprintln!("skipped: this file system does not map a file's extents (FIEMAP)");
+            return;
+        }
+        let stable = |offset: u64, data: &[u8]| {
+            let before = fs_flushes.ticket();
+            let w = fs.write(&root, &f, offset, data, Stability::FileSync, Blocking::Allowed).expect("stable write");
+            assert_eq!((w.count, w.committed), (data.len(), Stability::FileSync));
+            fs_flushes.ticket() > before
+        };
+        assert!(!stable(4096, &[6u8; 8192]), "an overwrite of written blocks flushed the whole file system");
+        assert!(stable(block.len() as u64, &[7u8; 4096]), "a write past the end allocates: the file system's flush must follow");
+        // A hole inside the file (made by extending its size) is allocated by the write.
+        fs.setattr(&root, &f, &SetAttrs { size: Some(1 << 20), ..Default::default() }, None).durable().expect("grow");
+        assert!(stable(512 * 1024, &[8u8; 4096]), "a write into a hole allocates: the file system's flush must follow");
+        let back = std::fs::read(dir.path().join("f")).expect("read back");
+        assert!(back[4096..12288].iter().all(|b| *b == 6) && back[..4096].iter().all(|b| *b == 5), "the overwrite's data");
+        assert!(back[64 * 1024..68 * 1024].iter().all(|b| *b == 7) && back[512 * 1024] == 8, "the allocating writes' data");
     }
 
     #[test]

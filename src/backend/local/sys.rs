@@ -307,6 +307,77 @@ pub fn start_writeback(fd: &OwnedFd, offset: u64, len: u64) {
     unsafe { libc::sync_file_range(fd.as_raw_fd(), offset as i64, len as i64, libc::SYNC_FILE_RANGE_WRITE) };
 }
 
+/// Where a range of a file lies on the disk: its extents as `(logical, physical, length)`
+/// in bytes, in file order.
+pub type Layout = Vec<(u64, u64, u64)>;
+
+/// The layout of `len` bytes at `offset` when every byte of it lies in blocks already
+/// allocated and written (`FS_IOC_FIEMAP`, without syncing first): writing there again
+/// changes no allocation, so nothing but the file's own data and inode is to write.
+/// `None` where any of it is a hole, still to be allocated (delayed allocation), allocated
+/// but unwritten (a write converts it), shared (a write copies it), or where the file
+/// system does not say.
+pub fn written_layout(fd: &OwnedFd, offset: u64, len: u64) -> Option<Layout> {
+    /// Extents asked for at most: a range in more pieces is taken as not plain.
+    const MAX_EXTENTS: usize = 16;
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Extent {
+        logical: u64,
+        physical: u64,
+        length: u64,
+        reserved64: [u64; 2],
+        flags: u32,
+        reserved: [u32; 3],
+    }
+    #[repr(C)]
+    struct Fiemap {
+        start: u64,
+        length: u64,
+        flags: u32,
+        mapped_extents: u32,
+        extent_count: u32,
+        reserved: u32,
+        extents: [Extent; MAX_EXTENTS],
+    }
+    // _IOWR('f', 11, struct fiemap), whose size without the extents is 32 bytes.
+    const FS_IOC_FIEMAP: libc::c_ulong = 0xC020_660B;
+    const LAST: u32 = 0x1;
+    const MERGED: u32 = 0x1000;
+    let end = offset.checked_add(len)?;
+    if len == 0 {
+        return None;
+    }
+    let mut map = Fiemap {
+        start: offset,
+        length: len,
+        flags: 0,
+        mapped_extents: 0,
+        extent_count: MAX_EXTENTS as u32,
+        reserved: 0,
+        extents: [Extent::default(); MAX_EXTENTS],
+    };
+    // SAFETY: `map` is a fiemap header followed by room for `extent_count` extents.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), FS_IOC_FIEMAP, &mut map as *mut Fiemap) } < 0 {
+        return None;
+    }
+    let mapped = (map.mapped_extents as usize).min(MAX_EXTENTS);
+    let mut covered = offset;
+    let mut layout = Layout::with_capacity(mapped);
+    for e in &map.extents[..mapped] {
+        // Any flag but these marks data that is not plainly where it will stay.
+        if e.flags & !(LAST | MERGED) != 0 || e.logical > covered {
+            return None;
+        }
+        covered = covered.max(e.logical.checked_add(e.length)?);
+        layout.push((e.logical, e.physical, e.length));
+        if covered >= end {
+            return Some(layout);
+        }
+    }
+    None
+}
+
 /// Writes the file's dirty pages and waits for them, without flushing the disk's cache;
 /// reports any writeback error this descriptor has not seen yet (`sync_file_range` waits
 /// through `file_fdatawait_range`, which checks the descriptor's error sequence).
@@ -707,8 +778,46 @@ pub fn coarse_now() -> std::time::SystemTime {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// Whether the file system holding `fd` is ext2/3/4, which answers FIEMAP.
+    pub(crate) fn maps_extents(fd: &OwnedFd) -> bool {
+        // SAFETY: fstatfs fills the zeroed struct.
+        let mut sfs: libc::statfs = unsafe { std::mem::zeroed() };
+        (unsafe { libc::fstatfs(fd.as_raw_fd(), &mut sfs) }) == 0 && sfs.f_type as i64 == EXT_SUPER_MAGIC
+    }
+
+    #[test]
+    fn only_blocks_allocated_and_written_have_a_written_layout() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = std::fs::OpenOptions::new().create_new(true).read(true).write(true).open(dir.path().join("f")).expect("create");
+        file.write_all_at(&[1u8; 64 * 1024], 0).expect("write");
+        file.sync_all().expect("sync: the blocks are allocated");
+        let fd = OwnedFd::from(file.try_clone().expect("clone"));
+        let Some(layout) = written_layout(&fd, 4096, 8192) else {
+            // ext4 maps them: there, no layout is a failure, not a reason to skip.
+            assert!(!maps_extents(&fd), "ext4 gave no layout for blocks allocated and written");
+            eprintln!("skipped: this file system does not map a file's extents (FIEMAP)");
+            return;
+        };
+        let (logical, _, length) = layout[0];
+        assert!(logical <= 4096 && logical + length >= 4096 + 8192, "{layout:?}");
+        assert_eq!(written_layout(&fd, 0, 64 * 1024), written_layout(&fd, 0, 64 * 1024), "the same layout read twice");
+        // Past the end, a hole, delayed allocation, an allocated but unwritten range: not plain.
+        assert_eq!(written_layout(&fd, 60 * 1024, 8192), None, "past the end of the file");
+        file.set_len(1 << 20).expect("grow");
+        assert_eq!(written_layout(&fd, 512 * 1024, 4096), None, "a hole");
+        file.write_all_at(&[2u8; 4096], 256 * 1024).expect("write into the hole");
+        assert_eq!(written_layout(&fd, 256 * 1024, 4096), None, "written, not yet allocated");
+        // SAFETY: plain syscall on an owned fd.
+        let preallocated = unsafe { libc::fallocate(fd.as_raw_fd(), 0, 768 * 1024, 64 * 1024) } == 0;
+        if preallocated {
+            assert_eq!(written_layout(&fd, 768 * 1024, 4096), None, "allocated, never written");
+        }
+        assert_eq!(written_layout(&fd, 0, 0), None, "nothing");
+    }
 
     #[test]
     fn a_range_is_ready_in_the_page_cache_only_if_all_of_it_is_cached_and_within_the_file() {
