@@ -1961,11 +1961,16 @@ mod tests {
     use std::collections::HashSet;
 
     fn export() -> (tempfile::TempDir, Arc<LocalFs>) {
+        export_syncing(false)
+    }
+
+    /// An export in a temporary directory; `sync`: as a `sync` export.
+    fn export_syncing(sync: bool) -> (tempfile::TempDir, Arc<LocalFs>) {
         let dir = tempfile::tempdir().expect("tempdir");
         let fs = LocalFs::open(&LocalConfig {
             path: dir.path().to_path_buf(),
             fsid: 1,
-            sync: false,
+            sync,
             cache_capacity: 64,
             cache_idle: None,
             changes: ChangeCount::default(),
@@ -2111,16 +2116,7 @@ mod tests {
 
     #[test]
     fn a_stable_write_that_allocates_nothing_needs_no_flush_of_the_whole_file_system() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let fs = LocalFs::open(&LocalConfig {
-            path: dir.path().to_path_buf(),
-            fsid: 1,
-            sync: true,
-            cache_capacity: 64,
-            cache_idle: None,
-            changes: ChangeCount::default(),
-        })
-        .expect("open export");
+        let (dir, fs) = export_syncing(true);
         let Some(fs_flushes) = fs.fs_sync.as_ref().map(|f| &f.group) else {
             eprintln!("skipped: this file system has a journal, so a file's sync never needs the whole file system's flush");
             return;
