@@ -812,7 +812,7 @@ impl Runner {
                     if ops != *files as f64 {
                         bail!("readdir found {ops} entries, expected {files}");
                     }
-                    ops *= reported(&v, "listings").unwrap_or(1.0);
+                    ops *= reported(&v, "listings")?;
                 }
                 m.ops_per_sec = Some(ops / secs.max(1e-9));
                 m.meta = Some(MetaFigures { ops: ops as u64, seconds: secs, bytes: None });

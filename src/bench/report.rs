@@ -654,11 +654,10 @@ pub fn blocks(r: &Results, old: Option<&Results>, plots: &[(String, String)]) ->
         }
         let round_trip = RoundTrip::of(r, &suite);
         for peer in r.peers() {
-            if let Some(t) = round_trip.and_then(|rt| goal_table(r, &suite, &peer, rt)) {
+            let Some(rt) = round_trip else { break };
+            if let Some(t) = goal_table(r, &suite, &peer, rt) {
                 b.push(Block::Heading(3, format!("The metadata goal ({META_GOAL}× {peer}) against the client's floor")));
-                let client_cpu = round_trip
-                    .and_then(|rt| rt.client_cpu_us)
-                    .map_or_else(|| "not measured".into(), |us| format!("{} µs a call", fmt_num(us)));
+                let client_cpu = rt.client_cpu_us.map_or_else(|| "not measured".into(), |us| format!("{} µs a call", fmt_num(us)));
                 b.push(Block::Para(format!(
                     "nfsh sends one call at a time, so an operation takes at least its calls' round trips. The round-trip job measures one: \
                      nasd's time per GETATTR less its server-side time for it is what a call costs with a server that takes no time \
@@ -669,7 +668,7 @@ pub fn blocks(r: &Results, old: Option<&Results>, plots: &[(String, String)]) ->
                      A job that changes the namespace adds the local disk's time to make one change durable \
                      the way a `sync` export here makes it (RFC 1813: before the reply). Where that floor exceeds the budget \
                      ({peer}'s time ÷ {META_GOAL}), no server that keeps the promise meets the goal with this client on this disk.",
-                    fmt_num(round_trip.map_or(f64::NAN, |rt| rt.us))
+                    fmt_num(rt.us)
                 )));
                 b.push(t);
             }

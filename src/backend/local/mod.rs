@@ -1011,18 +1011,17 @@ impl LocalFs {
         // dirty, as when writeback allocates the blocks of a hole: the data is on disk,
         // the extent that points to it is not. So the whole file system's metadata
         // follows.
-        match &self.fs_sync {
-            None => file_sync(),
+        match (&self.fs_sync, overwrite) {
+            (None, _) => file_sync(),
             // A write into blocks already allocated and written changes no allocation: the
             // file's own sync writes all it changed, its data and its inode (whose times
             // the write marked dirty, as it should), on any kernel, and ends in the flush.
             // The layout is looked at again after it: should it have changed meanwhile
             // (the range punched and filled again by someone else), the file system's
             // flush follows after all.
-            Some(fs) if overwrite.is_some() => {
+            (Some(fs), Some(o)) => {
                 file_sync()?;
-                let kept = overwrite.is_some_and(|o| sys::written_layout(&fd, o.offset, o.len).as_ref() == Some(&o.layout));
-                if kept {
+                if sys::written_layout(&fd, o.offset, o.len).as_ref() == Some(&o.layout) {
                     Ok(())
                 } else {
                     fs.flush(since.fs, &self.root_fd, || self.renew_write_verifier())
@@ -1032,11 +1031,11 @@ impl LocalFs {
             // `fsync` then flushes the disk's cache after `syncfs`'s last writes (one
             // flush fewer than `fsync`, `syncfs`, `fsync` of the root) and reports the
             // file's own writeback errors.
-            Some(fs) if fs.device.is_none() => {
+            (Some(fs), None) if fs.device.is_none() => {
                 fs.flush_kind(SyncKind::Data, since.fs, &self.root_fd, || self.renew_write_verifier())?;
                 file_sync()
             }
-            Some(fs) => {
+            (Some(fs), None) => {
                 file_sync()?;
                 fs.flush(since.fs, &self.root_fd, || self.renew_write_verifier())
             }
