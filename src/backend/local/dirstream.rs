@@ -67,11 +67,21 @@ pub struct LookAhead {
 /// whose idle workers spin in `sched_yield`, 44 % of look-aheads had not begun when
 /// their call arrived, against 28 % with these (docs/performance.md, change 19). A
 /// spinning helper competes for the CPUs the client and the serving thread run on.
+///
+/// A helper keeps off the CPU of the thread whose job it takes: there it could only take
+/// turns with that thread. Schedulers that pack woken threads together put it there:
+/// on a 2-core virtual machine the serving thread, the helper and a local client all ran
+/// on one CPU while the other idled (`perf sched`), and one listing of 5,000 entries took
+/// 13–20 ms against 9–12 ms with the helper on the other CPU (docs/performance.md).
 pub struct ListingHelpers {
     jobs: mpsc::SyncSender<Job>,
 }
 
-type Job = Box<dyn FnOnce() + Send>;
+/// A job and the CPU of the thread that queued it, which the helper keeps off.
+struct Job {
+    run: Box<dyn FnOnce() + Send>,
+    from_cpu: Option<usize>,
+}
 
 /// Jobs waiting for a helper at most. Beyond them a job is dropped: the thread serving
 /// the call does its `statx` calls itself, as it does for any a helper has not taken, and
@@ -84,11 +94,17 @@ impl ListingHelpers {
         let queue = Arc::new(Mutex::new(queue));
         for i in 0..threads {
             let queue = queue.clone();
-            std::thread::Builder::new().name(format!("nasd-listing-{i}")).spawn(move || loop {
-                // One helper waits for the next job while the others wait for the queue.
-                let Ok(job) = queue.lock().recv() else { return };
-                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).is_err() {
-                    tracing::error!("a listing helper's job panicked");
+            std::thread::Builder::new().name(format!("nasd-listing-{i}")).spawn(move || {
+                let mut placement = super::sys::Placement::of_this_thread();
+                loop {
+                    // One helper waits for the next job while the others wait for the queue.
+                    let Ok(job) = queue.lock().recv() else { return };
+                    if let (Some(p), Some(cpu)) = (placement.as_mut(), job.from_cpu) {
+                        p.keep_off(cpu);
+                    }
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(job.run)).is_err() {
+                        tracing::error!("a listing helper's job panicked");
+                    }
                 }
             })?;
         }
@@ -98,7 +114,7 @@ impl ListingHelpers {
     /// Queues `job` for a helper; false if the queue is full (the job is dropped).
     pub fn spawn(&self, job: impl FnOnce() + Send + 'static) -> bool {
         // The helpers never end while the sender lives: only a full queue refuses.
-        self.jobs.try_send(Box::new(job)).is_ok()
+        self.jobs.try_send(Job { run: Box::new(job), from_cpu: super::sys::current_cpu() }).is_ok()
     }
 }
 
