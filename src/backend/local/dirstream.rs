@@ -42,24 +42,34 @@ pub struct DirStream {
     pub len: usize,
     /// The directory's count of entry changes through nasd when `buf` was filled.
     pub entry_changes: u64,
-    /// The batch of entries from about `pos` on, looked at ahead of the call that
-    /// continues here.
+    /// The entries from `pos` on, looked at ahead of the calls that will list them.
     pub ahead: Option<LookAhead>,
-    /// How many entries the last reply from this stream took: where the next one will
-    /// most likely end, so that the entries after it can be looked at while it is made.
-    pub last_taken: Option<usize>,
+    /// How many entries the next look-ahead takes at most (0: a few replies' worth). It
+    /// grows while look-aheads are used to their end, and starts again small after one
+    /// was given up (a change, or a client that stopped): a change every call would
+    /// otherwise throw away a long look-ahead every call.
+    pub window: usize,
 }
 
-/// A batch started before the call that needs it, with what tells whether it may still
+/// A batch started before the calls that need it, with what tells whether it may still
 /// be used.
 pub struct LookAhead {
     pub batch: Arc<StatBatch>,
+    /// The batch's entry at the stream's position: those before it were listed.
+    pub next: usize,
     /// Before the first `statx` could have begun.
     pub begun: Instant,
     /// The backend's mark of modifying calls when the batch was made ([`super::ChangeCount`]).
     pub modifications: u64,
     /// The directory's change and modification times when the batch was made.
     pub dir_times: (Timespec, Timespec),
+}
+
+impl LookAhead {
+    /// Entries looked at ahead and not listed yet.
+    pub fn remaining(&self) -> usize {
+        self.batch.len().saturating_sub(self.next)
+    }
 }
 
 /// Threads that share the `statx` calls of READDIRPLUS batches with the threads serving
@@ -130,7 +140,6 @@ pub struct StatBatch {
     names: Vec<u8>,
     spans: Vec<Option<(usize, usize)>>,
     next: AtomicUsize,
-    finished: AtomicUsize,
     results: Vec<OnceLock<EntryStat>>,
 }
 
@@ -146,13 +155,7 @@ impl StatBatch {
                 })
             })
             .collect();
-        Arc::new(Self {
-            results: spans.iter().map(|_| OnceLock::new()).collect(),
-            names: buf,
-            spans,
-            next: AtomicUsize::new(0),
-            finished: AtomicUsize::new(0),
-        })
+        Arc::new(Self { results: spans.iter().map(|_| OnceLock::new()).collect(), names: buf, spans, next: AtomicUsize::new(0) })
     }
 
     pub fn len(&self) -> usize {
@@ -164,37 +167,62 @@ impl StatBatch {
         CStr::from_bytes_with_nul(&self.names[start..end]).ok()
     }
 
-    /// Takes entries until none is left. An entry whose look panics counts as done
-    /// without attributes, so that no thread waits for it forever.
+    /// Looks at entry `i`, taken by this thread. An entry whose look panics counts as
+    /// done without attributes, so that no thread waits for it forever.
+    fn look(&self, i: usize, stat: &impl Fn(&CStr) -> EntryStat) {
+        let looked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.name(i).and_then(stat)));
+        let _ = self.results[i].set(looked.unwrap_or_else(|_| {
+            tracing::error!("looking at a listed entry panicked; listed without attributes");
+            None
+        }));
+    }
+
+    /// Takes entries until none is left.
     pub fn work(&self, stat: impl Fn(&CStr) -> EntryStat) {
         loop {
             let i = self.next.fetch_add(1, Ordering::Relaxed);
             if i >= self.spans.len() {
                 return;
             }
-            let looked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.name(i).and_then(&stat)));
-            let _ = self.results[i].set(looked.unwrap_or_else(|_| {
-                tracing::error!("looking at a listed entry panicked; listed without attributes");
-                None
-            }));
-            self.finished.fetch_add(1, Ordering::Release);
+            self.look(i, &stat);
         }
+    }
+
+    /// The results of the entries in `range`: takes those of them no thread took yet,
+    /// then waits for the others (another thread is inside one `statx`: microseconds).
+    pub fn results(&self, range: std::ops::Range<usize>, stat: impl Fn(&CStr) -> EntryStat) -> Vec<EntryStat> {
+        let end = range.end.min(self.spans.len());
+        let mut i = self.next.load(Ordering::Relaxed);
+        while i < end {
+            match self.next.compare_exchange_weak(i, i + 1, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => {
+                    self.look(i, &stat);
+                    i += 1;
+                }
+                Err(now) => i = now,
+            }
+        }
+        (range.start..end)
+            .map(|i| {
+                let mut spins = 0u32;
+                loop {
+                    if let Some(r) = self.results[i].get() {
+                        return r.clone();
+                    }
+                    spins += 1;
+                    if spins < 100 {
+                        std::hint::spin_loop();
+                    } else {
+                        std::thread::yield_now();
+                    }
+                }
+            })
+            .collect()
     }
 
     /// Works on the batch, then waits for entries other threads took; the results in order.
     pub fn join(&self, stat: impl Fn(&CStr) -> EntryStat) -> Vec<EntryStat> {
-        self.work(stat);
-        let mut spins = 0u32;
-        while self.finished.load(Ordering::Acquire) < self.spans.len() {
-            // Another thread is inside one `statx`: microseconds.
-            spins += 1;
-            if spins < 100 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-        }
-        self.results.iter().map(|r| r.get().cloned().flatten()).collect()
+        self.results(0..self.len(), stat)
     }
 
     /// Leaves whatever is not taken yet undone: the results will not be used.

@@ -392,6 +392,11 @@ pub struct LocalFs {
 /// when a program other than this server changed the file.
 const LOOK_AHEAD_MAX_AGE: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// A listing's first look-ahead takes this many replies' worth of entries; each one used
+/// to its end doubles the next, up to [`MAX_LOOK_AHEAD`] entries (or its buffer's end).
+const FIRST_LOOK_AHEAD_REPLIES: usize = 4;
+const MAX_LOOK_AHEAD: usize = 4096;
+
 /// Handles are small (about 100 bytes cached) and every listed entry has one: the handle
 /// cache holds this many for every open object the object cache may hold.
 const HANDLES_PER_OPEN_OBJECT: usize = 16;
@@ -1713,7 +1718,7 @@ impl Vfs for LocalFs {
                 // Start small and grow: the kernel fills the whole buffer, and a reply often
                 // takes far fewer entries than 32 KiB of dirents (libnfs asks for 8 KiB
                 // replies).
-                DirStream { fd: Arc::new(fd), buf: vec![0u8; 4 * 1024], pos: 0, len: 0, entry_changes: 0, ahead: None, last_taken: None }
+                DirStream { fd: Arc::new(fd), buf: vec![0u8; 4 * 1024], pos: 0, len: 0, entry_changes: 0, ahead: None, window: 0 }
             }
         };
         let at_root = self.is_root(&dattr);
@@ -1728,20 +1733,18 @@ impl Vfs for LocalFs {
                 && a.begun.elapsed() <= LOOK_AHEAD_MAX_AGE;
             if !fresh {
                 a.batch.abandon();
+                stream.window = 0;
             }
-            fresh.then_some(a.batch)
+            fresh.then_some(a)
         });
-        let (mut last_cookie, mut taken) = (None, 0usize);
-        // The look-ahead begun by this call for the next one, and where in `buf` it begins.
-        let mut next: Option<(LookAhead, usize)> = None;
-        // Entries are taken in batches of what the reply can hold, so that the `statx`
-        // calls of one batch can be shared between threads and few are made for entries
-        // the reply then has no room for.
+        let mut last_cookie = None;
+        // Entries are taken in batches of what the reply can hold, so that few are looked
+        // at for entries the reply then has no room for.
         let mut want = max_entries.max(1);
         loop {
             if stream.pos == stream.len {
-                // This reply took every entry the buffer held, those looked at ahead too.
-                if let Some((a, _)) = next.take() {
+                // A look-ahead ends with the buffer it was taken from.
+                if let Some(a) = ahead.take() {
                     a.batch.abandon();
                 }
                 // Counted before the entries are read: a change made while they are is noticed.
@@ -1756,15 +1759,13 @@ impl Vfs for LocalFs {
                 }
             }
             let batch: Vec<sys::RawDirent<'_>> = sys::parse_dirents(&stream.buf[stream.pos..stream.len]).take(want).collect();
-            if plus && taken == 0 && next.is_none() {
-                // Look at the entries after where this reply will most likely end (where
-                // the last one from this stream did) while this one is made: the helper
-                // then has this call's time as well as the client's to finish them.
-                let expect = stream.last_taken.unwrap_or(batch.len()).min(batch.len());
-                let from = stream.pos + batch[..expect].iter().map(|e| e.reclen).sum::<usize>();
-                next = self.look_ahead(cred, &stream, from, at_root, max_entries, dir_times).map(|a| (a, from));
+            if plus && ahead.is_none() {
+                // This call's entries and those after them, which a helper goes on with
+                // while the reply is sent and the client reads it: the next calls then
+                // find them looked at.
+                ahead = self.look_ahead(cred, &stream, at_root, batch.len(), dir_times);
             }
-            let stats = if plus { self.batch_stats(cred, &stream.fd, at_root, &batch, ahead.take()) } else { Vec::new() };
+            let stats = if plus { self.batch_stats(cred, &stream.fd, at_root, &batch, &mut ahead) } else { Vec::new() };
             let mut stats = stats.into_iter();
             let mut reply_full = false;
             for ent in &batch {
@@ -1778,32 +1779,25 @@ impl Vfs for LocalFs {
                     reply_full = true;
                     break;
                 }
-                (last_cookie, taken) = (Some(ent.off), taken + 1);
+                last_cookie = Some(ent.off);
                 stream.pos += ent.reclen;
+                if let Some(a) = &mut ahead {
+                    a.next += 1;
+                }
+            }
+            if ahead.as_ref().is_some_and(|a| a.remaining() == 0) {
+                // Used to its end: the next one may be longer.
+                let used = ahead.take().map_or(0, |a| a.batch.len());
+                stream.window = (used * 2).min(MAX_LOOK_AHEAD);
             }
             if reply_full {
                 let Some(c) = last_cookie else {
-                    if let Some((a, _)) = next {
+                    if let Some(a) = ahead {
                         a.batch.abandon();
                     }
                     return Ok(ReadDirEnd { eof: false, dir_attr: dattr });
                 };
-                if plus {
-                    stream.ahead = match next {
-                        // The reply ended where expected or before: the next call's
-                        // entries from `from` on are being looked at.
-                        Some((a, from)) if from >= stream.pos => Some(a),
-                        // It took entries the look-ahead began with: start again where it
-                        // ended.
-                        other => {
-                            if let Some((a, _)) = other {
-                                a.batch.abandon();
-                            }
-                            self.look_ahead(cred, &stream, stream.pos, at_root, max_entries, dir_times)
-                        }
-                    };
-                }
-                stream.last_taken = Some(taken);
+                stream.ahead = ahead;
                 self.dir_streams.park(*dir, c, cred, dir_times, stream);
                 return Ok(ReadDirEnd { eof: false, dir_attr: dattr });
             }
@@ -1867,76 +1861,75 @@ impl LocalFs {
     }
 
     /// Handles and attributes of a batch of listed entries (`None` where there are none to
-    /// give), in order: from `ahead` where it covers the batch, the entries before and after
-    /// it looked at now, shared with a helper thread when worth it. The client waits for the
-    /// whole reply, so the `statx` calls are its latency, and while one client lists the
-    /// other core is otherwise idle.
+    /// give), in order: from `ahead` where it covers the batch (its entries from its `next`
+    /// on), the rest looked at now, shared with a helper thread when worth it. The client
+    /// waits for the whole reply, so the `statx` calls are its latency, and while one
+    /// client lists the other core is otherwise idle. A look-ahead that does not match the
+    /// batch is given up (`ahead` becomes `None`).
     fn batch_stats(
         &self,
         cred: &Cred,
         fd: &Arc<OwnedFd>,
         at_root: bool,
         batch: &[sys::RawDirent<'_>],
-        ahead: Option<Arc<StatBatch>>,
+        ahead: &mut Option<LookAhead>,
     ) -> Vec<EntryStat> {
         let stat = |c: &CStr| self.entry_plus(fd, c);
-        let now = |entries: &[sys::RawDirent<'_>]| {
-            if entries.is_empty() {
-                return Vec::new();
-            }
-            let now = StatBatch::new(entries.iter().map(|e| Self::name_to_stat(e, at_root)));
-            if entries.len() >= PARALLEL_PLUS_BATCH {
-                self.share(cred, fd, &now);
-            }
-            now.join(stat)
-        };
-        // The look-ahead began where the previous reply was expected to end; that reply may
-        // have ended a few entries earlier, which are then looked at now. Names are unique
-        // in a directory, so its first one places it.
-        let placed = ahead.and_then(|ahead| {
-            let first = ahead.name(0);
-            let start = first.and_then(|f| batch.iter().position(|e| Self::name_to_stat(e, at_root) == Some(f)));
-            let covered = start.map_or(0, |k| ahead.len().min(batch.len() - k));
-            match start {
-                Some(k) if (0..covered).all(|i| ahead.name(i) == Self::name_to_stat(&batch[k + i], at_root)) => Some((ahead, k, covered)),
-                _ => {
-                    ahead.abandon();
-                    None
+        let covered = match ahead {
+            Some(a) => {
+                let n = a.remaining().min(batch.len());
+                // Names are unique in a directory: the same names in the same order are
+                // the same entries.
+                if (0..n).all(|i| a.batch.name(a.next + i) == Self::name_to_stat(&batch[i], at_root)) {
+                    n
+                } else {
+                    a.batch.abandon();
+                    *ahead = None;
+                    0
                 }
             }
-        });
-        let Some((ahead, start, covered)) = placed else { return now(batch) };
-        let mut stats = now(&batch[..start]);
-        let mut looked = ahead.join(stat);
-        looked.truncate(covered);
-        stats.extend(looked);
-        stats.extend(now(&batch[start + covered..]));
+            None => 0,
+        };
+        let mut stats = match ahead {
+            Some(a) if covered > 0 => a.batch.results(a.next..a.next + covered, stat),
+            _ => Vec::new(),
+        };
+        let rest = &batch[covered..];
+        if !rest.is_empty() {
+            let now = StatBatch::new(rest.iter().map(|e| Self::name_to_stat(e, at_root)));
+            if rest.len() >= PARALLEL_PLUS_BATCH {
+                self.share(cred, fd, &now);
+            }
+            stats.extend(now.join(stat));
+        }
         stats
     }
 
-    /// Starts looking at the entries the call continuing `stream` will most likely list
-    /// (the `count` in its buffer from byte `from` on), on a helper thread, while the
-    /// reply to this call is made and the client reads it.
+    /// Starts looking at the entries from `stream`'s position on, on a helper thread as
+    /// well as this one: at least `at_least` (this call's), at most the stream's window
+    /// (a few replies' worth at first) and what its buffer holds. The helper goes on with
+    /// those after this call's while its reply is made and the client reads it.
     fn look_ahead(
         &self,
         cred: &Cred,
         stream: &DirStream,
-        from: usize,
         at_root: bool,
-        count: usize,
+        at_least: usize,
         dir_times: (Timespec, Timespec),
     ) -> Option<LookAhead> {
         listing_helpers()?;
-        let next: Vec<sys::RawDirent<'_>> = sys::parse_dirents(stream.buf.get(from..stream.len)?).take(count).collect();
-        if next.len() < PARALLEL_PLUS_BATCH {
+        let window = if stream.window == 0 { at_least.saturating_mul(FIRST_LOOK_AHEAD_REPLIES) } else { stream.window };
+        let entries: Vec<sys::RawDirent<'_>> =
+            sys::parse_dirents(stream.buf.get(stream.pos..stream.len)?).take(window.max(at_least)).collect();
+        if entries.len() < PARALLEL_PLUS_BATCH {
             return None;
         }
         // Marked before the first `statx`: a change that begins after it is noticed, and
         // while one is running (made, perhaps, but not yet durable) nothing is looked at.
         let (begun, modifications) = (std::time::Instant::now(), self.changes.quiet_mark()?);
-        let batch = StatBatch::new(next.iter().map(|e| Self::name_to_stat(e, at_root)));
+        let batch = StatBatch::new(entries.iter().map(|e| Self::name_to_stat(e, at_root)));
         self.share(cred, &stream.fd, &batch);
-        Some(LookAhead { batch, begun, modifications, dir_times })
+        Some(LookAhead { batch, next: 0, begun, modifications, dir_times })
     }
 
     /// Has a helper thread work on `batch` too, as `cred`.
@@ -2727,6 +2720,62 @@ mod tests {
         for i in 0..200 {
             std::fs::write(dir.join(format!("f{i:03}")), vec![b'x'; size]).expect("write");
         }
+    }
+
+    /// One READDIRPLUS call of `fs`'s root from `cookie` that takes `n` entries; returns
+    /// the cookie it ended at and the stream it parked (taken out of the parked streams).
+    fn take_and_unpark(fs: &LocalFs, cookie: u64, n: usize) -> (u64, DirStream) {
+        let (mut taken, mut last) = (0, cookie);
+        fs.readdir(&Cred::root(), &fs.root(), cookie, true, n, &mut |e: DirEntry<'_>| {
+            if taken == n {
+                return false;
+            }
+            (taken, last) = (taken + 1, e.cookie);
+            true
+        })
+        .expect("readdir");
+        (last, fs.dir_streams.take_any().expect("a parked stream"))
+    }
+
+    #[test]
+    fn a_look_ahead_covers_the_next_replies_and_grows_while_it_is_used_to_its_end() {
+        if listing_helpers().is_none() {
+            crate::testing::skip("one core, so listings are not looked at ahead");
+            return;
+        }
+        let (dir, fs) = export();
+        for i in 0..1000 {
+            std::fs::write(dir.path().join(format!("f{i:04}")), b"").expect("create");
+        }
+        let attr = fs.getattr(&Cred::root(), &fs.root()).expect("getattr");
+        let park = |cookie, stream| fs.dir_streams.park(fs.root(), cookie, &Cred::root(), (attr.ctime, attr.mtime), stream);
+        // The look-ahead must stay fresh from the first call to the fifth (its entries age
+        // out after LOOK_AHEAD_MAX_AGE): a loaded machine gets more tries.
+        let grew = (0..10).any(|_| {
+            let begun = std::time::Instant::now();
+            // The first reply's 20 entries and three more replies' worth are looked at.
+            let (mut cookie, first) = take_and_unpark(&fs, 0, 20);
+            let remaining = first.ahead.as_ref().map(LookAhead::remaining);
+            assert_eq!(remaining, Some(20 * (FIRST_LOOK_AHEAD_REPLIES - 1)), "the first call's look-ahead");
+            park(cookie, first);
+            for _ in 0..FIRST_LOOK_AHEAD_REPLIES - 1 {
+                let (c, s) = take_and_unpark(&fs, cookie, 20);
+                cookie = c;
+                if s.ahead.is_none() {
+                    return false;
+                }
+                park(cookie, s);
+            }
+            let last = fs.dir_streams.take_any().expect("parked");
+            // Used to its end: the next look-ahead, begun by the fourth call for the rest of
+            // its reply, may be twice as long, and takes what the buffer holds up to that.
+            let doubled = 2 * 20 * FIRST_LOOK_AHEAD_REPLIES;
+            let in_buffer = sys::parse_dirents(&last.buf[last.pos..last.len]).count();
+            begun.elapsed() < LOOK_AHEAD_MAX_AGE / 2
+                && last.window == doubled
+                && last.ahead.as_ref().map(LookAhead::remaining) == Some(doubled.min(in_buffer))
+        });
+        assert!(grew, "no listing's look-ahead grew after it was used to its end");
     }
 
     #[test]
