@@ -128,6 +128,10 @@ impl ListingHelpers {
     }
 }
 
+/// How long a thread that needs an entry another thread is looking at waits for it (in
+/// spin-loop hints: a few microseconds, about one `statx`) before looking itself.
+const IN_FLIGHT_SPINS: u32 = 200;
+
 /// Handle and attributes of a listed entry, when they could be had.
 pub type EntryStat = Option<(ObjectId, Attr)>;
 
@@ -189,7 +193,9 @@ impl StatBatch {
     }
 
     /// The results of the entries in `range`: takes those of them no thread took yet,
-    /// then waits for the others (another thread is inside one `statx`: microseconds).
+    /// then waits briefly for the others (another thread is inside one `statx`) and looks
+    /// at those still not done itself: a helper that was preempted, or shares its CPU with
+    /// the client, must not hold up the call.
     pub fn results(&self, range: std::ops::Range<usize>, stat: impl Fn(&CStr) -> EntryStat) -> Vec<EntryStat> {
         let end = range.end.min(self.spans.len());
         let mut i = self.next.load(Ordering::Relaxed);
@@ -204,18 +210,15 @@ impl StatBatch {
         }
         (range.start..end)
             .map(|i| {
-                let mut spins = 0u32;
-                loop {
+                for _ in 0..IN_FLIGHT_SPINS {
                     if let Some(r) = self.results[i].get() {
                         return r.clone();
                     }
-                    spins += 1;
-                    if spins < 100 {
-                        std::hint::spin_loop();
-                    } else {
-                        std::thread::yield_now();
-                    }
+                    std::hint::spin_loop();
                 }
+                // Whichever look finishes first gives the result; the other's is dropped.
+                self.look(i, &stat);
+                self.results[i].get().cloned().flatten()
             })
             .collect()
     }
@@ -380,6 +383,26 @@ mod tests {
         let results = b.join(stat_of);
         assert!(results[20].is_none());
         assert_eq!(results[21].as_ref().map(|(_, a)| a.size), Some(21));
+    }
+
+    #[test]
+    fn entries_a_stalled_helper_took_are_looked_at_by_the_thread_that_needs_them() {
+        let names = names(40);
+        let b = batch(&names);
+        // A helper took the first two entries and then stopped running (preempted, or
+        // sharing its CPU with the client): the results must not wait for it.
+        b.next.fetch_add(2, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel();
+        let waiter = {
+            let b = b.clone();
+            std::thread::spawn(move || tx.send(b.results(0..40, stat_of)).expect("send"))
+        };
+        let results = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("the results waited for a helper that never ran");
+        waiter.join().expect("waiter");
+        check(&results, 40);
+        // The helper's late result is dropped; the one given stays.
+        let _ = b.results[0].set(None);
+        assert_eq!(b.results(0..1, stat_of)[0].as_ref().map(|(_, a)| a.size), Some(0));
     }
 
     #[test]
