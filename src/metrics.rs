@@ -73,16 +73,20 @@ pub enum PollDeclined {
     NoSpareCpu,
     /// As many connections as allowed were polling already.
     PollersBusy,
+    /// The last call left work on helper threads, which need the other CPU.
+    HelpersWorking,
 }
 
 impl PollDeclined {
-    const ALL: [PollDeclined; 3] = [PollDeclined::ClientNotInTightLoop, PollDeclined::NoSpareCpu, PollDeclined::PollersBusy];
+    const ALL: [PollDeclined; 4] =
+        [PollDeclined::ClientNotInTightLoop, PollDeclined::NoSpareCpu, PollDeclined::PollersBusy, PollDeclined::HelpersWorking];
 
     fn label(self) -> &'static str {
         match self {
             PollDeclined::ClientNotInTightLoop => "client_not_in_tight_loop",
             PollDeclined::NoSpareCpu => "no_spare_cpu",
             PollDeclined::PollersBusy => "pollers_busy",
+            PollDeclined::HelpersWorking => "helpers_working",
         }
     }
 }

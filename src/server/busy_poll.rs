@@ -8,7 +8,9 @@
 //! at most one connection per two cores polls at any moment, and nobody polls while the
 //! machine has no CPU to spare (`SpareCpu`): spinning is free only on a CPU that would
 //! otherwise idle, and takes the CPU from whoever waits for it, clients on the same
-//! machine included.
+//! machine included. Nobody polls either while helper threads have work (a listing's
+//! look-ahead): they need that CPU, and a thread spinning on the CPU its client left
+//! stays apart from it, the client then sharing its CPU with the helpers.
 
 use crate::metrics::{PollDeclined, PollStats};
 use std::fs::File;
@@ -28,6 +30,8 @@ pub struct BusyPoll {
     pollers: AtomicUsize,
     max_pollers: usize,
     cpu: SpareCpu,
+    /// Whether helper threads have work: then nobody polls ([`crate::vfs::helpers_working`]).
+    helpers_working: fn() -> bool,
 }
 
 /// A previous wait this much longer than the window means the client is not in a tight
@@ -42,7 +46,16 @@ impl BusyPoll {
     }
 
     fn with_gauge(window: Duration, cpu: SpareCpu, stats: Arc<PollStats>) -> Self {
-        Self { window, through_call: MAX_POLL_THROUGH_CALL, stats, pollers: AtomicUsize::new(0), max_pollers: (cpu.cores / 2).max(1), cpu }
+        Self {
+            window,
+            through_call: MAX_POLL_THROUGH_CALL,
+            stats,
+            pollers: AtomicUsize::new(0),
+            max_pollers: (cpu.cores / 2).max(1),
+            cpu,
+            // Tests of the other rules must not see the helpers of tests running beside them.
+            helpers_working: if cfg!(test) { || false } else { crate::vfs::helpers_working },
+        }
     }
 
     /// Spins until `fd` has data to read (or reached end of stream), for at most the
@@ -62,7 +75,9 @@ impl BusyPoll {
         if self.window.is_zero() {
             return false;
         }
-        let declined = if last_wait.is_none_or(|w| w > self.window * TIGHT_LOOP_FACTOR) {
+        let declined = if (self.helpers_working)() {
+            Some(PollDeclined::HelpersWorking)
+        } else if last_wait.is_none_or(|w| w > self.window * TIGHT_LOOP_FACTOR) {
             Some(PollDeclined::ClientNotInTightLoop)
         } else if !self.cpu.has_spare() {
             Some(PollDeclined::NoSpareCpu)
@@ -210,6 +225,21 @@ mod tests {
         let a = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (b, _) = l.accept().unwrap();
         (a, b)
+    }
+
+    #[test]
+    fn nobody_polls_while_helpers_have_work() {
+        let (mut client, server) = pair();
+        let mut poll = BusyPoll::with_gauge(Duration::from_millis(20), SpareCpu::new(None, 1), Arc::default());
+        poll.helpers_working = || true;
+        let fd = server.as_raw_fd();
+        // A tight loop with a spare CPU would poll, and data is there to be seen.
+        client.write_all(b"x").unwrap();
+        assert!(!poll.poll_readable(fd, Some(Duration::from_micros(10))));
+        assert_eq!(poll.stats.spins(), 0);
+        assert_eq!(poll.stats.declined_for(PollDeclined::HelpersWorking), 1);
+        poll.helpers_working = || false;
+        assert!(poll.poll_readable(fd, Some(Duration::from_micros(10))), "without helpers' work the same loop polls");
     }
 
     #[test]

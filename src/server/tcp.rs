@@ -687,7 +687,10 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
         }
         shared.metrics.request_started();
         let slots = (conn_slot, global_slot);
-        match shared.dispatcher.try_handle_inline(&record, peer, local, Transport::Tcp) {
+        crate::vfs::serving_socket(Some(rd.get_ref().inner.as_ref().as_raw_fd()));
+        let handled = shared.dispatcher.try_handle_inline(&record, peer, local, Transport::Tcp);
+        crate::vfs::serving_socket(None);
+        match handled {
             Handled::Done(reply) => {
                 shared.record_pool.put(record);
                 if let Some(reply) = reply {

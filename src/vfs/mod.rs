@@ -8,6 +8,57 @@ mod error;
 
 pub use error::{VfsError, VfsResult};
 
+thread_local! {
+    static CALLER_SOCKET: std::cell::Cell<Option<std::os::fd::RawFd>> = const { std::cell::Cell::new(None) };
+}
+
+/// Jobs queued or running on backends' helper threads (a listing's look-ahead).
+static HELPER_JOBS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Backends: a job for a helper thread was queued; the guard counts it ended when dropped.
+pub fn helper_job() -> HelperJob {
+    HELPER_JOBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    HelperJob(())
+}
+
+/// A job counted in [`helpers_working`] until dropped.
+pub struct HelperJob(());
+
+impl Drop for HelperJob {
+    fn drop(&mut self) {
+        HELPER_JOBS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Transports: whether helper threads have work queued or running. A serving thread that
+/// spins waiting for its client's next call meanwhile keeps a CPU the helpers would use,
+/// and stays on it while its client runs on the other: the client then waits behind the
+/// helpers for its CPU (docs/performance.md).
+pub fn helpers_working() -> bool {
+    HELPER_JOBS.load(std::sync::atomic::Ordering::Relaxed) > 0
+}
+
+/// Transports: the connected socket of the call this thread serves now; `None` once it
+/// is served.
+pub fn serving_socket(fd: Option<std::os::fd::RawFd>) {
+    CALLER_SOCKET.with(|s| s.set(fd));
+}
+
+/// Backends: the CPU that last took in data from the caller's connection, if known: on
+/// loopback, the CPU the client sent its call from. Work handed to helper threads is kept
+/// off it, so that the client does not wait behind the helpers for its CPU.
+pub fn caller_cpu() -> Option<usize> {
+    let fd = CALLER_SOCKET.with(|s| s.get())?;
+    let mut cpu: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: valid pointers and sizes; the socket is open while its call is served.
+    let done = unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_INCOMING_CPU, (&mut cpu as *mut libc::c_int).cast(), &mut len) };
+    if done != 0 {
+        return None;
+    }
+    usize::try_from(cpu).ok()
+}
+
 /// Longest backend object id. Wire handles add an export id and an authenticator and must
 /// still fit the 64 bytes of an NFSv3 handle.
 pub const MAX_OBJECT_ID: usize = 40;
@@ -413,4 +464,59 @@ pub trait Vfs: Send + Sync {
     /// whatever the export's options: a new process does this before it answers from
     /// replies an old one put aside while their changes were still being made durable.
     fn make_all_durable(&self) -> VfsResult<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+
+    fn pin_to(cpu: usize) -> bool {
+        // SAFETY: plain data; valid pointer and size.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+        }
+    }
+
+    #[test]
+    fn the_caller_cpu_is_the_cpu_a_loopback_client_sent_from() {
+        if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+            crate::testing::skip("one CPU: every client sends from it");
+            return;
+        }
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut server, _) = l.accept().unwrap();
+        assert_eq!(caller_cpu(), None, "no call is being served");
+        for cpu in [1, 0] {
+            let sent = std::thread::scope(|s| s.spawn(|| pin_to(cpu).then(|| client.write_all(b"call").is_ok())).join().unwrap());
+            let Some(sent) = sent else {
+                crate::testing::skip("this process may not run on CPUs 0 and 1");
+                return;
+            };
+            assert!(sent, "could not send from CPU {cpu}");
+            let mut buf = [0u8; 4];
+            server.read_exact(&mut buf).unwrap();
+            serving_socket(Some(server.as_raw_fd()));
+            let seen = caller_cpu();
+            serving_socket(None);
+            assert_eq!(seen, Some(cpu), "the client sent from CPU {cpu}");
+        }
+        assert_eq!(caller_cpu(), None, "the call was served");
+    }
+
+    #[test]
+    fn helpers_count_as_working_while_a_job_is_held() {
+        // Other tests' jobs may come and go beside this one: only what holds whatever they
+        // do is checked.
+        let job = helper_job();
+        assert!(helpers_working());
+        let second = helper_job();
+        drop(job);
+        assert!(helpers_working(), "one job is still held");
+        drop(second);
+    }
 }

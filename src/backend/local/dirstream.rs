@@ -87,7 +87,8 @@ pub struct ListingHelpers {
     jobs: mpsc::SyncSender<Job>,
 }
 
-/// A job and the CPU of the thread that queued it, which the helper keeps off.
+/// A job and the CPU the helper keeps off (that of the client the job is for, or of the
+/// thread that queued it).
 struct Job {
     run: Box<dyn FnOnce() + Send>,
     from_cpu: Option<usize>,
@@ -122,9 +123,15 @@ impl ListingHelpers {
     }
 
     /// Queues `job` for a helper; false if the queue is full (the job is dropped).
+    #[cfg(test)]
     pub fn spawn(&self, job: impl FnOnce() + Send + 'static) -> bool {
+        self.spawn_off(super::sys::current_cpu(), job)
+    }
+
+    /// As [`Self::spawn`], for a helper kept off `cpu` (the calling thread's if `None`).
+    pub fn spawn_off(&self, cpu: Option<usize>, job: impl FnOnce() + Send + 'static) -> bool {
         // The helpers never end while the sender lives: only a full queue refuses.
-        self.jobs.try_send(Job { run: Box::new(job), from_cpu: super::sys::current_cpu() }).is_ok()
+        self.jobs.try_send(Job { run: Box::new(job), from_cpu: cpu.or_else(super::sys::current_cpu) }).is_ok()
     }
 }
 

@@ -1937,7 +1937,11 @@ impl LocalFs {
         let (Some(helpers), Some(fs)) = (listing_helpers(), self.me.upgrade()) else { return };
         let (cred, fd, batch) = (cred.clone(), fd.clone(), batch.clone());
         // Refused when the queue is full: the serving thread then does the whole batch.
-        let _ = helpers.spawn(move || {
+        // Off the client's CPU: the serving thread and the client take turns, and the
+        // helper runs while both wait for each other.
+        let counted = crate::vfs::helper_job();
+        let _ = helpers.spawn_off(crate::vfs::caller_cpu(), move || {
+            let _counted = counted;
             // The helper must see the directory as the caller would; if it cannot, the
             // serving thread does the whole batch.
             if creds::become_user(&cred) {
