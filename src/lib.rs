@@ -9,6 +9,7 @@
 pub mod backend;
 pub mod bench;
 pub mod cli;
+pub mod cpu;
 pub mod exports;
 pub mod fh;
 pub mod metrics;

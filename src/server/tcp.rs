@@ -578,6 +578,8 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
     let mut last_wait: Option<Duration> = None;
     // Calls of this connection running on blocking threads, until their replies are queued.
     let on_threads = Arc::new(AtomicUsize::new(0));
+    // When a call of this client's last set helper threads working.
+    let mut helpers_engaged_at: Option<Instant> = None;
     let result = loop {
         // The writer gave up on a client that stopped reading: run nothing more for it.
         if writer.is_finished() {
@@ -688,7 +690,15 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
         shared.metrics.request_started();
         let slots = (conn_slot, global_slot);
         crate::vfs::serving_socket(Some(rd.get_ref().inner.as_ref().as_raw_fd()));
+        // A client whose calls set helpers working (a listing's look-ahead) is served from
+        // the CPU its calls come in on, for as long as it goes on calling soon after.
+        let follow = helpers_engaged_at.is_some_and(|at| at.elapsed() < crate::cpu::FOLLOW_CLIENT_FOR);
+        crate::cpu::follow_client(if follow { crate::vfs::caller_cpu() } else { None }, false);
+        crate::vfs::take_engaged_helpers();
         let handled = shared.dispatcher.try_handle_inline(&record, peer, local, Transport::Tcp);
+        if crate::vfs::take_engaged_helpers() {
+            helpers_engaged_at = Some(Instant::now());
+        }
         crate::vfs::serving_socket(None);
         match handled {
             Handled::Done(reply) => {
@@ -713,6 +723,8 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
             }
         }
     };
+    // This thread (a runtime worker) no longer follows the client that went.
+    crate::cpu::follow_client(None, helpers_engaged_at.is_some());
     batch.flush();
     // The reader's slot went with the loop: what is held now is calls'.
     progress.reader_holds_slot(false);

@@ -10,15 +10,23 @@ pub use error::{VfsError, VfsResult};
 
 thread_local! {
     static CALLER_SOCKET: std::cell::Cell<Option<std::os::fd::RawFd>> = const { std::cell::Cell::new(None) };
+    static ENGAGED_HELPERS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Jobs queued or running on backends' helper threads (a listing's look-ahead).
 static HELPER_JOBS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// Backends: a job for a helper thread was queued; the guard counts it ended when dropped.
+/// Backends: the calling thread queues a job for a helper thread; the guard counts it
+/// ended when dropped.
 pub fn helper_job() -> HelperJob {
+    ENGAGED_HELPERS.with(|e| e.set(true));
     HELPER_JOBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     HelperJob(())
+}
+
+/// Transports: whether the calling thread queued helper jobs since the last look; clears.
+pub fn take_engaged_helpers() -> bool {
+    ENGAGED_HELPERS.with(|e| e.replace(false))
 }
 
 /// A job counted in [`helpers_working`] until dropped.

@@ -106,7 +106,7 @@ impl ListingHelpers {
         for i in 0..threads {
             let queue = queue.clone();
             std::thread::Builder::new().name(format!("nasd-listing-{i}")).spawn(move || {
-                let mut placement = super::sys::Placement::of_this_thread();
+                let mut placement = crate::cpu::Placement::of_this_thread();
                 loop {
                     // One helper waits for the next job while the others wait for the queue.
                     let Ok(job) = queue.lock().recv() else { return };
@@ -125,13 +125,13 @@ impl ListingHelpers {
     /// Queues `job` for a helper; false if the queue is full (the job is dropped).
     #[cfg(test)]
     pub fn spawn(&self, job: impl FnOnce() + Send + 'static) -> bool {
-        self.spawn_off(super::sys::current_cpu(), job)
+        self.spawn_off(crate::cpu::current_cpu(), job)
     }
 
     /// As [`Self::spawn`], for a helper kept off `cpu` (the calling thread's if `None`).
     pub fn spawn_off(&self, cpu: Option<usize>, job: impl FnOnce() + Send + 'static) -> bool {
         // The helpers never end while the sender lives: only a full queue refuses.
-        self.jobs.try_send(Job { run: Box::new(job), from_cpu: cpu.or_else(super::sys::current_cpu) }).is_ok()
+        self.jobs.try_send(Job { run: Box::new(job), from_cpu: cpu.or_else(crate::cpu::current_cpu) }).is_ok()
     }
 }
 

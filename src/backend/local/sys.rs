@@ -767,50 +767,6 @@ fn page_size() -> u64 {
     *PAGE.get_or_init(|| u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).ok().filter(|&p| p > 0).unwrap_or(4096))
 }
 
-/// The CPU the calling thread runs on, if the kernel says.
-pub fn current_cpu() -> Option<usize> {
-    // SAFETY: no arguments; returns -1 on failure.
-    let cpu = unsafe { libc::sched_getcpu() };
-    usize::try_from(cpu).ok()
-}
-
-/// The CPUs a thread may run on, narrowed to keep it off one CPU at a time.
-pub struct Placement {
-    allowed: libc::cpu_set_t,
-    kept_off: Option<usize>,
-}
-
-impl Placement {
-    /// The calling thread's CPUs as it started (`taskset`, cgroup cpusets); `None` if
-    /// fewer than two.
-    pub fn of_this_thread() -> Option<Self> {
-        // SAFETY: cpu_set_t is plain data; the kernel fills it.
-        let mut allowed: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        // SAFETY: valid pointer and size.
-        if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut allowed) } != 0 {
-            return None;
-        }
-        // SAFETY: reads the set filled above.
-        (unsafe { libc::CPU_COUNT(&allowed) } >= 2).then_some(Self { allowed, kept_off: None })
-    }
-
-    /// Keeps the calling thread off `cpu` (it moves now if it is on it) until another CPU
-    /// is to be kept off. Nothing changes if `cpu` is not one it may use.
-    pub fn keep_off(&mut self, cpu: usize) {
-        // SAFETY: CPU_ISSET reads the set; cpu is bounds-checked against its size.
-        if self.kept_off == Some(cpu) || cpu >= libc::CPU_SETSIZE as usize || !unsafe { libc::CPU_ISSET(cpu, &self.allowed) } {
-            return;
-        }
-        let mut set = self.allowed;
-        // SAFETY: as above.
-        unsafe { libc::CPU_CLR(cpu, &mut set) };
-        // SAFETY: valid pointer and size; on failure the thread stays where it may run.
-        if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } == 0 {
-            self.kept_off = Some(cpu);
-        }
-    }
-}
-
 /// The wall clock as of its last tick: at most a few milliseconds behind, and cheaper to
 /// read than the precise clock (which a virtual machine may only offer through a system
 /// call). For checks that stay correct with a clock that lags.
@@ -900,33 +856,6 @@ pub(crate) mod tests {
         // SAFETY: plain syscall on a valid descriptor.
         assert_eq!(unsafe { libc::posix_fadvise(fd.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
         assert_eq!(ready_in_page_cache(&fd, 0, 256 * 1024), Some(false));
-    }
-
-    #[test]
-    fn a_thread_kept_off_a_cpu_leaves_it_and_stays_off() {
-        let Some(mut placement) = Placement::of_this_thread() else {
-            eprintln!("skipped: this thread may run on fewer than two CPUs, so none can be kept off");
-            return;
-        };
-        // In a thread of its own: the test harness's thread keeps its CPUs.
-        std::thread::spawn(move || {
-            let here = current_cpu().expect("sched_getcpu");
-            placement.keep_off(here);
-            for _ in 0..100 {
-                assert_ne!(current_cpu(), Some(here), "still on the CPU it was kept off");
-                std::thread::yield_now();
-            }
-            // SAFETY: plain data, filled by the kernel.
-            let mut now: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-            // SAFETY: valid pointer and size.
-            assert_eq!(unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut now) }, 0);
-            // SAFETY: reads the set.
-            assert!(!unsafe { libc::CPU_ISSET(here, &now) }, "the CPU is still allowed");
-            // SAFETY: as above.
-            assert_eq!(unsafe { libc::CPU_COUNT(&now) }, unsafe { libc::CPU_COUNT(&placement.allowed) } - 1, "only that CPU is left out");
-        })
-        .join()
-        .expect("placement thread");
     }
 
     #[test]
