@@ -59,7 +59,7 @@ pub struct BenchArgs {
     /// the median run; iozone passes, which build on each other's files, run once.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=9))]
     pub repeat: u32,
-    /// Run only the suite's jobs whose name contains TEXT (repeatable), e.g. "1m read".
+    /// Run only the suite's jobs whose name contains TEXT as whole words (repeatable), e.g. "1m read" (not "4k randread qd16" for "4k randread qd1").
     #[arg(long = "only", value_name = "TEXT")]
     pub only: Vec<String>,
 }

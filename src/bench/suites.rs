@@ -85,11 +85,19 @@ impl MetaOp {
     }
 }
 
-/// The jobs whose name contains one of `only`, and the earlier metadata jobs that make
-/// the files they work on (`remove` needs `rename` needs `create`), in suite order.
-/// Returns the jobs and the names of those added as prerequisites.
+/// Whether `name` holds `text` as whole words: not inside a longer word or number, so
+/// that `4k randread qd1` is not also `4k randread qd16`.
+fn names_words(name: &str, text: &str) -> bool {
+    let word = |c: Option<char>| c.is_some_and(char::is_alphanumeric);
+    !text.is_empty()
+        && name.match_indices(text).any(|(at, _)| !word(name[..at].chars().next_back()) && !word(name[at + text.len()..].chars().next()))
+}
+
+/// The jobs whose name contains one of `only` as whole words, and the earlier metadata
+/// jobs that make the files they work on (`remove` needs `rename` needs `create`), in
+/// suite order. Returns the jobs and the names of those added as prerequisites.
 pub fn select(jobs: Vec<Job>, only: &[String]) -> (Vec<Job>, Vec<String>) {
-    let mut wanted: Vec<bool> = jobs.iter().map(|j| only.iter().any(|t| j.name.contains(t.as_str()))).collect();
+    let mut wanted: Vec<bool> = jobs.iter().map(|j| only.iter().any(|t| names_words(&j.name, t))).collect();
     let mut added = Vec::new();
     // Prerequisites come earlier in a suite: one backward pass follows whole chains.
     for i in (0..jobs.len()).rev() {
@@ -449,6 +457,25 @@ mod tests {
         let (jobs, added) = select(cloud("standard", default_params("standard")), &only(&["1m read"]));
         assert!(!jobs.is_empty() && jobs.iter().all(|j| j.name.contains("1m read")));
         assert!(added.is_empty());
+    }
+
+    #[test]
+    fn a_selection_matches_whole_words_of_job_names() {
+        let only = |t: &str| vec![t.to_string()];
+        let standard = || jobs("standard", default_params("standard"));
+        // iodepth 1 is not iodepth 16 or 128.
+        let (qd1, _) = select(standard(), &only("4k randread qd1"));
+        assert_eq!(names(&qd1), ["4k randread qd1"]);
+        // A job's whole name still matches the longer names that go on with other words.
+        let (writes, _) = select(standard(), &only("1m write qd16"));
+        assert_eq!(names(&writes), ["1m write qd16", "1m write qd16 stable"]);
+        let (fourk, _) = select(standard(), &only("4k"));
+        assert!(fourk.len() > 1 && fourk.iter().all(|j| j.name.starts_with("4k ")));
+        // Part of a word or number selects nothing.
+        assert!(select(standard(), &only("randrea")).0.is_empty());
+        assert!(select(standard(), &only("qd")).0.is_empty());
+        assert!(select(standard(), &only("")).0.is_empty());
+        assert!(names_words("create 5000 files × 8 clients", "× 8 clients"));
     }
 
     #[test]
