@@ -37,21 +37,17 @@ impl Placement {
     /// Keeps the calling thread off `cpu` (it moves now if it is on it) until another CPU
     /// is to be kept off. Nothing changes if `cpu` is not one it may use.
     pub fn keep_off(&mut self, cpu: usize) {
-        // SAFETY: CPU_ISSET reads the set; cpu is bounds-checked against its size.
-        if self.kept_off == Some(cpu) || cpu >= libc::CPU_SETSIZE as usize || !unsafe { libc::CPU_ISSET(cpu, &self.allowed) } {
+        if self.kept_off == Some(cpu) || !self.may_use(cpu) {
             return;
         }
         let mut set = self.allowed;
-        // SAFETY: as above.
+        // SAFETY: cpu is within the set's size (may_use).
         unsafe { libc::CPU_CLR(cpu, &mut set) };
-        // SAFETY: valid pointer and size; on failure the thread stays where it may run.
-        if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } == 0 {
+        if self.set(&set) {
             self.kept_off = Some(cpu);
         }
     }
-}
 
-impl Placement {
     fn may_use(&self, cpu: usize) -> bool {
         // SAFETY: CPU_ISSET reads the set; cpu is bounds-checked against its size.
         cpu < libc::CPU_SETSIZE as usize && unsafe { libc::CPU_ISSET(cpu, &self.allowed) }
@@ -139,7 +135,7 @@ mod tests {
     #[test]
     fn a_thread_kept_off_a_cpu_leaves_it_and_stays_off() {
         let Some(mut placement) = Placement::of_this_thread() else {
-            eprintln!("skipped: this thread may run on fewer than two CPUs, so none can be kept off");
+            crate::testing::skip("this thread may run on fewer than two CPUs, so none can be kept off");
             return;
         };
         // In a thread of its own: the test harness's thread keeps its CPUs.
@@ -163,7 +159,7 @@ mod tests {
     #[test]
     fn a_thread_that_follows_a_client_runs_on_its_cpu_until_the_period_ends() {
         if Placement::of_this_thread().is_none() {
-            eprintln!("skipped: this thread may run on fewer than two CPUs, so there is nowhere to follow");
+            crate::testing::skip("this thread may run on fewer than two CPUs, so there is nowhere to follow");
             return;
         }
         std::thread::spawn(|| {

@@ -694,8 +694,9 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shar
         // the CPU its calls come in on, for as long as it goes on calling soon after.
         let follow = helpers_engaged_at.is_some_and(|at| at.elapsed() < crate::cpu::FOLLOW_CLIENT_FOR);
         crate::cpu::follow_client(if follow { crate::vfs::caller_cpu() } else { None }, false);
-        crate::vfs::take_engaged_helpers();
         let handled = shared.dispatcher.try_handle_inline(&record, peer, local, Transport::Tcp);
+        // Runtime threads queue helper jobs only inside this call (UDP's and slow calls run
+        // on blocking threads), so the note is this call's.
         if crate::vfs::take_engaged_helpers() {
             helpers_engaged_at = Some(Instant::now());
         }

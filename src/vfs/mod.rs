@@ -480,13 +480,12 @@ mod tests {
     use std::io::{Read, Write};
     use std::os::fd::AsRawFd;
 
+    /// Moves the calling thread to `cpu` alone; false if it may not run there.
     fn pin_to(cpu: usize) -> bool {
-        // SAFETY: plain data; valid pointer and size.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut set);
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
-        }
+        crate::cpu::Placement::of_this_thread().is_some_and(|mut p| {
+            p.pin_to(cpu);
+            crate::cpu::current_cpu() == Some(cpu)
+        })
     }
 
     #[test]

@@ -1785,10 +1785,9 @@ impl Vfs for LocalFs {
                     a.next += 1;
                 }
             }
-            if ahead.as_ref().is_some_and(|a| a.remaining() == 0) {
+            if let Some(used) = ahead.take_if(|a| a.remaining() == 0) {
                 // Used to its end: the next one may be longer.
-                let used = ahead.take().map_or(0, |a| a.batch.len());
-                stream.window = (used * 2).min(MAX_LOOK_AHEAD);
+                stream.window = (used.batch.len() * 2).min(MAX_LOOK_AHEAD);
             }
             if reply_full {
                 let Some(c) = last_cookie else {
